@@ -1,0 +1,125 @@
+"""What an archived message is, for people (pure): Celery task messages (protocol v2), raw JSON
+events, and anything else, which is shown as unparseable and never dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from celery_event_operator.naming import ARCHIVED_AT_HEADER, EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
+
+RESET_HEADERS = frozenset({"x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+                           "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
+                           EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER, ARCHIVED_AT_HEADER, "x-delivery-count"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Archived:
+    position: int  # 0 = the oldest, as the queue holds them
+    event: str  # the routing key the message was archived with = the event name
+    kind: str  # "celery", "json" or "unparseable"
+    task_id: str | None
+    attempts: int | None
+    exception: str | None
+    archived_at: float | None  # unix time
+    summary: str  # arguments, or what the body is
+
+    def age(self, now: float) -> float | None:
+        return None if self.archived_at is None else max(0.0, now - self.archived_at)
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "age_seconds": self.age(now)}
+
+
+def _archived_at(headers: Mapping[str, Any]) -> float | None:
+    if ARCHIVED_AT_HEADER in headers:
+        try:
+            return float(headers[ARCHIVED_AT_HEADER])
+        except (TypeError, ValueError):
+            return None
+    for death in headers.get("x-death") or []:  # dead-lettered by the broker (quorum delivery limit)
+        moment = death.get("time")
+        if hasattr(moment, "timestamp"):
+            return float(moment.timestamp())
+    return None
+
+
+def _exception(headers: Mapping[str, Any]) -> str | None:
+    if EXCEPTION_HEADER in headers:
+        return str(headers[EXCEPTION_HEADER])
+    deaths = headers.get("x-death") or []
+    if deaths:
+        return f"dead-lettered by the broker: {deaths[0].get('reason')} from {deaths[0].get('queue')}"
+    return None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, default=str, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe(position: int, body: bytes, headers: Mapping[str, Any], properties: Mapping[str, Any],
+             routing_key: str) -> Archived:
+    headers = dict(headers or {})
+
+    def archived(kind: str, task_id: Any, attempts: int | None, summary: str) -> Archived:
+        return Archived(position=position, event=routing_key, kind=kind,
+                        task_id=None if task_id is None else str(task_id), attempts=attempts,
+                        exception=_exception(headers), archived_at=_archived_at(headers), summary=summary)
+    try:
+        decoded = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        content_type = properties.get("content_type") or "unknown content type"
+        return archived("unparseable", properties.get("message_id"), None, f"<{len(body)} bytes of {content_type}>")
+    if "task" in headers and "id" in headers and isinstance(decoded, list) and len(decoded) == 3:
+        args, kwargs, _embed = decoded
+        arguments = ", ".join([*(_short(arg) for arg in args), *(f"{k}={_short(v)}" for k, v in kwargs.items())])
+        return archived("celery", headers["id"], _int(headers.get("retries")), f"{headers['task']}({arguments})")
+    task_id = properties.get("message_id") or (decoded.get("id") if isinstance(decoded, dict) else None)
+    return archived("json", task_id, None, _short(decoded, 120))
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def replay_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers of a replayed copy: attempt count reset, death and failure history dropped."""
+    cleaned = {key: value for key, value in (headers or {}).items() if key not in RESET_HEADERS}
+    if "task" in cleaned:
+        cleaned["retries"] = 0
+    return cleaned
+
+
+def selected(item: Archived, *, event: str | None, older_than: float | None, newer_than: float | None,
+             now: float) -> bool:
+    if event is not None and item.event != event:
+        return False
+    age = item.age(now)
+    if older_than is not None and (age is None or age < older_than):
+        return False
+    return not (newer_than is not None and (age is None or age > newer_than))
+
+
+def table(items: list[Archived], now: float) -> str:
+    columns = ("#", "EVENT", "TASK ID", "ATTEMPTS", "AGE", "EXCEPTION", "CONTENT")
+    rows = [(str(item.position), item.event, item.task_id or "-", "-" if item.attempts is None else str(item.attempts),
+             _human(item.age(now)), (item.exception or "-")[:60], item.summary) for item in items]
+    widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(columns)]
+    lines = ["  ".join(column.ljust(width) for column, width in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _human(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

@@ -1,0 +1,262 @@
+"""`celery-event-operator run | dev | topology | archive | crd`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+DEFAULT_RESYNC_SECONDS = 30.0
+DEFAULT_EXAMPLES = ("examples/broker-secret.yaml", "examples/billing.yaml")
+# The chart cannot reach files outside its directory, so it carries its own copy of the CRD.
+CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from celery_event_operator.api import crd
+
+    rendered = crd.render_yaml()
+    stale = False
+    for directory in args.output_dir or CRD_OUTPUT_DIRS:
+        target = pathlib.Path(directory) / crd.CRD_FILE_NAME
+        if args.check:
+            if not target.exists() or target.read_text() != rendered:
+                print(f"{target} differs from the models; run `celery-event-operator crd`", file=sys.stderr)
+                stale = True
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(rendered)
+        print(target)
+    return 1 if stale else 0
+
+
+def _export_operator_options(args: argparse.Namespace) -> None:
+    """Handlers read these at import (the timer) and at start-up (the webhook and metrics servers)."""
+    os.environ["CELERY_EVENT_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
+    os.environ["CELERY_EVENT_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    os.environ["CELERY_EVENT_OPERATOR_METRICS_ADDR"] = args.metrics_addr
+    if args.webhook_port:
+        os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_PORT"] = str(args.webhook_port)
+        os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_ADDR"] = args.webhook_addr
+        os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_HOST"] = args.webhook_host
+        if args.webhook_cert:
+            os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_CERT"] = args.webhook_cert
+            os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_KEY"] = args.webhook_key
+
+
+def _add_webhook_options(parser: argparse.ArgumentParser, default_addr: str) -> None:
+    parser.add_argument("--metrics-port", type=int, default=9808, help="port of /metrics (0: none)")
+    parser.add_argument("--metrics-addr", default=default_addr, help="address /metrics listens on")
+    parser.add_argument("--webhook-port", type=int, default=9443, help="HTTPS port of the admission webhook (0: none)")
+    parser.add_argument("--webhook-addr", default=default_addr, help="address the webhook listens on")
+    parser.add_argument("--webhook-host", default="localhost", help="host name in a self-signed certificate")
+    parser.add_argument("--webhook-cert", help="server certificate (PEM); self-signed when absent")
+    parser.add_argument("--webhook-key", help="its private key (PEM)")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    _export_operator_options(args)
+    import kopf
+
+    import celery_event_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        standalone=True,  # one replica (the chart's Deployment uses Recreate): no peering objects needed
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        liveness_endpoint=args.liveness or None,
+    )
+    return 0
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    _export_operator_options(args)
+    from celery_event_operator.devcluster import devmode
+
+    return asyncio.run(devmode.main(
+        api_port=args.api_port,
+        state_dir=pathlib.Path(args.state_dir),
+        broker_url=args.broker_url,
+        examples=[pathlib.Path(path) for path in args.example or DEFAULT_EXAMPLES],
+        liveness=args.liveness or None,
+        verbose=args.verbose,
+        with_sample_worker=not args.no_sample_worker,
+    ))
+
+
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from celery_event_operator import reconcile
+    from celery_event_operator.api.models import InvalidSpecError
+    from celery_event_operator.broker import urls
+    from celery_event_operator.broker.connections import Broker, BrokerUnavailableError
+    from celery_event_operator.kubeapi import KubeApi, SecretError
+    from celery_event_operator.topology import apply, listing, plan
+    from celery_event_operator.topology.sync import broker_address
+
+    kube = KubeApi.from_environment()
+    try:
+        validated = reconcile.validate(kube.read_service(args.namespace, args.name))
+        spec = validated.spec
+        address = (urls.parse(args.broker_url, failover_strategy=spec.broker.failover_strategy,
+                              vhost_override=spec.broker.vhost) if args.broker_url
+                   else broker_address(kube, args.namespace, spec))
+        topology = plan.plan(validated.service_name, spec)
+        states = Broker(address).run(lambda connection: apply.inspect(connection, topology))
+    except (LookupError, InvalidSpecError, SecretError, urls.BrokerUrlError, BrokerUnavailableError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    listed = listing.rows(topology, states)
+    print(json.dumps(listed, indent=2) if args.json else
+          f"service {topology.service!r} on {address.display}\n{listing.table(listed)}")
+    return 0 if all(row["state"] == "ok" for row in listed) else 3
+
+
+def _duration(text: str) -> float:
+    """'90', '90s', '5m', '2h', '1d' → seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90, 90s, 5m, 2h, 1d)") from None
+
+
+def _progress(done: int, total: int) -> None:
+    if sys.stderr.isatty():
+        filled = int(30 * done / max(total, 1))
+        print(f"\rreplaying {done}/{total} [{'#' * filled}{'.' * (30 - filled)}]", end="", file=sys.stderr,
+              flush=True)
+
+
+def _cmd_archive(args: argparse.Namespace) -> int:
+    from celery_event_operator import reconcile
+    from celery_event_operator.api.models import InvalidSpecError
+    from celery_event_operator.archive import tools
+    from celery_event_operator.broker import urls
+    from celery_event_operator.broker.connections import Broker, BrokerUnavailableError
+    from celery_event_operator.kubeapi import KubeApi, SecretError
+    from celery_event_operator.topology.sync import broker_address
+
+    if args.action == "purge" and not args.yes:
+        print("error: purging deletes archived events for good; add --yes", file=sys.stderr)
+        return 2
+    try:
+        if args.broker_url:  # no cluster needed: SERVICE is the serviceName
+            service = args.service
+            address = urls.parse(args.broker_url, failover_strategy="round-robin", vhost_override=None)
+        else:
+            kube = KubeApi.from_environment()
+            validated = reconcile.validate(kube.read_service(args.namespace, args.service))
+            service = validated.service_name
+            address = broker_address(kube, args.namespace, validated.spec)
+        selection = tools.Selection(event=args.event, older_than=args.older_than, newer_than=args.newer_than)
+        output = Broker(address).run(lambda connection: _archive_action(args, connection, service, selection))
+    except (LookupError, InvalidSpecError, SecretError, urls.BrokerUrlError, BrokerUnavailableError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(output)
+    return 0
+
+
+def _archive_action(args: argparse.Namespace, connection: Any, service: str, selection: Any) -> str:
+    from celery_event_operator.archive import messages, tools
+
+    if args.action == "list":
+        items = tools.list_archive(connection, service, selection)
+        now = time.time()
+        return json.dumps([item.as_json(now) for item in items], indent=2) if args.json else messages.table(items, now)
+    if args.action == "replay":
+        summary = tools.replay(connection, service, selection, limit=args.limit, dry_run=args.dry_run,
+                               rate=args.rate, progress=_progress)
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+        verb = "would replay" if args.dry_run else "replayed"
+        return (f"{verb} {summary.done} of {summary.matched} matching ({summary.archived} archived) "
+                f"to {summary.target}; {summary.archived - summary.done} stay archived"
+                + (f"; {summary.unroutable} found no queue and stay" if summary.unroutable else ""))
+    summary = tools.purge(connection, service, selection)
+    return f"purged {summary.done} of {summary.archived} archived"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="celery-event-operator", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the operator against the configured cluster (kubeconfig or in-cluster)")
+    run.add_argument("--namespace", "-n", action="append", default=[],
+                     help="serve only this namespace (repeatable); cluster-wide when absent")
+    run.add_argument("--liveness", default=DEFAULT_LIVENESS, help="liveness endpoint URL ('' disables)")
+    run.add_argument("--resync-seconds", type=float, default=DEFAULT_RESYNC_SECONDS,
+                     help="how often each service's topology is re-declared and its status refreshed")
+    _add_webhook_options(run, "0.0.0.0")
+    run.add_argument("--verbose", "-v", action="store_true")
+    run.set_defaults(handler=_cmd_run)
+
+    dev = commands.add_parser("dev", help="run the operator with the samples on an embedded Kubernetes API")
+    dev.add_argument("--api-port", type=int, default=18443, help="port of the embedded API (0: any free port)")
+    dev.add_argument("--state-dir", default=".dev", help="where the kubeconfig is written")
+    dev.add_argument("--broker-url", default=os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+                     help="broker URL put into the sample's Secret (default: $AMQP_URL or local guest)")
+    dev.add_argument("--example", action="append", default=[],
+                     help=f"manifests to create at start (repeatable; default: {' '.join(DEFAULT_EXAMPLES)})")
+    dev.add_argument("--liveness", default="http://127.0.0.1:8080/healthz")
+    dev.add_argument("--resync-seconds", type=float, default=10.0)
+    dev.add_argument("--no-sample-worker", action="store_true",
+                     help="do not run examples/app/billing_app.py locally with a trickle of events")
+    _add_webhook_options(dev, "127.0.0.1")
+    dev.add_argument("--verbose", "-v", action="store_true")
+    dev.set_defaults(handler=_cmd_dev)
+
+    topology = commands.add_parser(
+        "topology", help="list a service's planned queues and exchanges with their depths on the broker")
+    topology.add_argument("name", help="the CeleryEventService")
+    topology.add_argument("--namespace", "-n", default="default")
+    topology.add_argument("--broker-url", help="use this URL instead of the resource's Secret")
+    topology.add_argument("--json", action="store_true", help="print JSON rows")
+    topology.set_defaults(handler=_cmd_topology)
+
+    archive = commands.add_parser("archive", help="list, replay or purge a service's archived events")
+    actions = archive.add_subparsers(dest="action", required=True)
+    for action, text in (("list", "show the archived events (reading changes nothing)"),
+                         ("replay", "send archived events back to the service's handler queues"),
+                         ("purge", "delete archived events")):
+        sub = actions.add_parser(action, help=text)
+        sub.add_argument("service", help="the CeleryEventService (with --broker-url: its serviceName)")
+        sub.add_argument("--namespace", "-n", default="default")
+        sub.add_argument("--broker-url", help="connect here instead of through the resource's Secret")
+        sub.add_argument("--event", help="only events of this name (routing key)")
+        sub.add_argument("--older-than", type=_duration, help="only events archived longer ago (90s, 5m, 2h, 1d)")
+        sub.add_argument("--newer-than", type=_duration, help="only events archived more recently")
+        sub.set_defaults(handler=_cmd_archive)
+        if action == "list":
+            sub.add_argument("--json", action="store_true")
+        if action == "replay":
+            sub.add_argument("--limit", type=int, help="replay at most this many")
+            sub.add_argument("--dry-run", action="store_true", help="count what would be replayed; change nothing")
+            sub.add_argument("--rate", type=float, help="at most this many per second")
+        if action == "purge":
+            sub.add_argument("--yes", action="store_true", help="confirm the deletion")
+
+    crd_command = commands.add_parser("crd", help="render crds/ from the API models")
+    crd_command.add_argument("--output-dir", action="append", default=[],
+                             help=f"where to write (repeatable; default: {' '.join(CRD_OUTPUT_DIRS)})")
+    crd_command.add_argument("--check", action="store_true", help="fail if the committed CRD is stale")
+    crd_command.set_defaults(handler=_cmd_crd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    status: int = args.handler(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,517 @@
+"""A Kubernetes API for the no-cluster dev mode and the tests: kmock's emulator with its gaps closed.
+
+kmock 0.8 stores and serves objects, but a real `kopf run` and `kubectl` need more (measured):
+
+* no `resourceVersion`/`uid`/`creationTimestamp`/`generation`: kopf's finalizer JSON-patch tests
+  `resourceVersion`, the patch fails, and no handler ever runs;
+* JSON-patch and PUT are not understood (a JSON-patch list is "merged" into the object), and a failed
+  `test` gives 500 instead of 422;
+* `metadata.namespace` is not filled from the URL;
+* a POSTed CRD is stored but not served in discovery;
+* every request is kept forever and re-scanned on each new one (latency grows to hundreds of ms);
+* lists lack `kind`/`apiVersion`, watches are sent as application/octet-stream, and there is no
+  Table rendering, so `kubectl get` fails or prints no printer columns.
+
+This subclass keeps kmock's storage, discovery, routing and error rendering, and replaces the
+object lifecycle (create/patch/replace/delete/list/watch) with one that does the above the way the
+real API server does. It relies on kmock internals, hence the exact pin of kmock in pyproject.
+What it still does not emulate: admission (webhooks, schema validation, CEL), owner-reference
+garbage collection, strategic merge (treated as a JSON merge patch), and the `scale` subresource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import datetime
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal.aiobus import Bus
+
+from celery_event_operator.devcluster import jsonpatch, printing
+
+CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+SECRET_RESOURCE = kmock.resource("", "v1", "secrets")
+
+
+class UnprocessableEntityError(kmock.KubernetesError):
+    pass
+
+
+def _resource_of(request: kmock.Request) -> kmock.resource:
+    if request.resource is None:
+        raise kmock.KubernetesEndpointNotFoundError()
+    return request.resource
+
+
+def _object_key(request: kmock.Request, namespace: str | None, name: str) -> tuple[kmock.resource, str | None, str]:
+    return (_resource_of(request), namespace, name)
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _get_path(body: dict[str, Any], path: str) -> Any:
+    node: Any = body
+    for key in path.strip(".").split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _set_path(body: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.strip(".").split(".")
+    node = body
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+
+
+def _encode_string_data(secret: dict[str, Any]) -> None:
+    """A Secret's write-only `stringData` is stored base64-encoded in `data`, as the API server does."""
+    string_data = secret.pop("stringData", None) or {}
+    secret["data"] = {**(secret.get("data") or {}),
+                      **{key: base64.b64encode(value.encode()).decode() for key, value in string_data.items()}}
+
+
+def _content_changed_outside_metadata(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """What bumps `generation`: any change but metadata and status (as for CRDs)."""
+    keys = (set(old) | set(new)) - {"metadata", "status"}
+    return any(old.get(key) != new.get(key) for key in keys)
+
+
+def _matches_field_selector(obj: dict[str, Any], selector: str) -> bool:
+    """`metadata.name=x` and `metadata.namespace=y`: what kubectl and kopf send."""
+    meta = obj.get("metadata", {})
+    for term in filter(None, (part.strip() for part in selector.split(","))):
+        key, _, value = term.replace("==", "=").partition("=")
+        field = key.strip().removeprefix("metadata.")
+        if field in ("name", "namespace") and meta.get(field) != value.strip():
+            return False
+    return True
+
+
+def _matches_selectors(obj: dict[str, Any], params: Any) -> bool:
+    return (_matches_label_selector(obj, params.get("labelSelector", ""))
+            and _matches_field_selector(obj, params.get("fieldSelector", "")))
+
+
+def _matches_label_selector(obj: dict[str, Any], selector: str) -> bool:
+    """Equality-based selectors only (`a=b,c!=d,e`): all the operator and kubectl -l need here."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, (part.strip() for part in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(kmock.KubernetesEmulator):
+    """kmock's KubernetesEmulator, made good enough for a real kopf operator and kubectl."""
+
+    _revision: int = attrs.field(default=0, init=False)
+    _crds: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.resources.load_bundled()  # pods, deployments, events, …: discovery of the builtins
+
+    def _next_resource_version(self) -> str:
+        self._revision += 1
+        return str(self._revision)
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            # kmock keeps every request for assertions and re-scans them on each new one; an API
+            # server for an operator that runs for hours must forget them.
+            self._requests.clear()
+            for payload in self._payloads:
+                payload._requests.clear()
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """Objects are served here; discovery and anything else by kmock's reactions."""
+        if request.resource is None or request.resource.plural is None:
+            return await super()._handle(request)
+        if request.action == kmock.action.WATCH:
+            return await self._watch(request)
+        if request.subresource == "scale" and request.name is not None:
+            return aiohttp.web.json_response(await self._scale(request))
+        if request.action == kmock.action.CREATE:
+            return aiohttp.web.json_response(await self._create(request), status=201)
+        if request.name is None:
+            if request.method == kmock.method.GET:
+                return aiohttp.web.json_response(await self._list(request))
+        elif request.method == kmock.method.GET:
+            return aiohttp.web.json_response(await self._fetch(request))
+        elif request.method in (kmock.method.PATCH, kmock.method.PUT):
+            return aiohttp.web.json_response(await self._update(request))
+        elif request.method == kmock.method.DELETE:
+            return aiohttp.web.json_response(await self._delete(request))
+        raise kmock.KubernetesError(status=405, reason="MethodNotAllowed",
+                                    message=f"{request.method} is not supported here")
+
+    # --- object lifecycle -------------------------------------------------------------------
+
+    def _stored(self, request: kmock.Request) -> kmock.Object:
+        key = _object_key(request, request.namespace, request.name or "")
+        if key not in self.objects or self.objects[key].deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        return self.objects[key]
+
+    def _bus(self, request: kmock.Request) -> Bus[Any]:
+        return self._buses[_resource_of(request)]
+
+    def _keep_only_latest(self, obj: kmock.Object) -> None:
+        # kmock keeps every version of every object; the latest is all the API serves.
+        obj.history = [obj.last]
+
+    async def _create(self, request: kmock.Request) -> dict[str, Any]:
+        body = copy.deepcopy(request.data)
+        if not isinstance(body, dict):
+            raise UnprocessableEntityError(status=422, reason="Invalid", message="the body must be an object")
+        meta = body.setdefault("metadata", {})
+        if request.namespace is not None:
+            meta["namespace"] = request.namespace
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        if not meta.get("name"):
+            raise UnprocessableEntityError(status=422, reason="Invalid", message="metadata.name is required")
+        async with self._lock:
+            key = _object_key(request, meta.get("namespace"), meta["name"])
+            if key in self.objects and not self.objects[key].deleted:
+                raise kmock.KubernetesError(status=409, reason="AlreadyExists",
+                                            message=f"{meta['name']!r} already exists")
+            if request.resource == SECRET_RESOURCE:
+                _encode_string_data(body)
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(),
+                        resourceVersion=self._next_resource_version(), generation=1)
+            meta.pop("deletionTimestamp", None)
+            if key in self.objects:
+                self.objects[key].create(body)
+                self._keep_only_latest(self.objects[key])
+            else:
+                self.objects[key] = body
+            if request.resource == CRD_RESOURCE:
+                self._serve_crd(body)
+            await self._bus(request).put({"type": "ADDED", "object": copy.deepcopy(body)})
+        return body
+
+    async def _update(self, request: kmock.Request) -> dict[str, Any]:
+        content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
+        async with self._lock:
+            obj = self._stored(request)
+            current = copy.deepcopy(obj.raw)
+            try:
+                if request.method == kmock.method.PUT:
+                    proposed = copy.deepcopy(request.data)
+                elif content_type == "application/json-patch+json":
+                    proposed = jsonpatch.apply(current, request.data)
+                else:  # merge-patch; strategic-merge is approximated by it
+                    proposed = jsonpatch.merge(current, request.data)
+            except jsonpatch.PatchError as exc:
+                raise UnprocessableEntityError(status=422, reason="Invalid", message=str(exc)) from exc
+            if not isinstance(proposed, dict):
+                raise UnprocessableEntityError(status=422, reason="Invalid", message="the body must be an object")
+
+            new = self._apply_subresource_rules(request, current, proposed)
+            if request.resource == SECRET_RESOURCE:
+                _encode_string_data(new)
+            if new == current:
+                return current  # a no-op write changes nothing, not even resourceVersion
+            meta = new["metadata"]
+            if _content_changed_outside_metadata(current, new):
+                meta["generation"] = int(current["metadata"].get("generation", 1)) + 1
+            meta["resourceVersion"] = self._next_resource_version()
+            obj.create(new)
+            self._keep_only_latest(obj)
+            if request.resource == CRD_RESOURCE:
+                self._serve_crd(new)
+            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                obj.delete()
+                await self._bus(request).put({"type": "DELETED", "object": copy.deepcopy(new)})
+                self._forget_crd(request, new)
+            else:
+                await self._bus(request).put({"type": "MODIFIED", "object": copy.deepcopy(new)})
+            return new
+
+    def _apply_subresource_rules(
+            self, request: kmock.Request, current: dict[str, Any], proposed: dict[str, Any],
+    ) -> dict[str, Any]:
+        """/status writes only status; the main resource cannot write status if it has /status."""
+        if request.subresource == "status":
+            new = copy.deepcopy(current)
+            if "status" in proposed:
+                new["status"] = proposed["status"]
+            else:
+                new.pop("status", None)
+        else:
+            new = proposed
+            if self._has_status_subresource(request.resource):
+                if "status" in current:
+                    new["status"] = current["status"]
+                else:
+                    new.pop("status", None)
+        # Identity and server-owned fields cannot be changed by a client.
+        meta = new.setdefault("metadata", {})
+        for field in ("name", "namespace", "uid", "creationTimestamp", "generation", "deletionTimestamp"):
+            if field in current["metadata"]:
+                meta[field] = current["metadata"][field]
+        meta["resourceVersion"] = current["metadata"]["resourceVersion"]  # bumped by the caller on change
+        return new
+
+    def _has_status_subresource(self, resource: Any) -> bool:
+        return resource in self.resources and "status" in self.resources[resource].subresources
+
+    async def _delete(self, request: kmock.Request) -> dict[str, Any]:
+        async with self._lock:
+            obj = self._stored(request)
+            body: dict[str, Any] = copy.deepcopy(obj.raw)
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp"):
+                return body
+            if meta.get("finalizers"):
+                meta["deletionTimestamp"] = _now()
+                meta["resourceVersion"] = self._next_resource_version()
+                obj.create(body)
+                self._keep_only_latest(obj)
+                await self._bus(request).put({"type": "MODIFIED", "object": copy.deepcopy(body)})
+            else:
+                obj.delete()
+                await self._bus(request).put({"type": "DELETED", "object": body})
+                self._forget_crd(request, body)
+        return body
+
+    # --- the scale subresource ------------------------------------------------------------
+
+    def _scale_paths(self, request: kmock.Request) -> tuple[str, str, str | None]:
+        """Where replicas live: the CRD's scale subresource paths, or a workload's own fields."""
+        assert request.resource is not None
+        key = f"{request.resource.group}/{request.resource.version}/{request.resource.plural}"
+        if key in self._crds:
+            scale = self._crds[key].get("subresources", {}).get("scale")
+            if scale is None:
+                raise kmock.KubernetesResourceNotFoundError()
+            return scale["specReplicasPath"], scale["statusReplicasPath"], scale.get("labelSelectorPath")
+        return ".spec.replicas", ".status.replicas", None
+
+    def _scale_view(self, request: kmock.Request, body: dict[str, Any]) -> dict[str, Any]:
+        spec_path, status_path, selector_path = self._scale_paths(request)
+        if selector_path is not None:
+            selector = _get_path(body, selector_path)
+        else:
+            labels = ((body.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+            selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        meta = body["metadata"]
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion",
+                                                        "creationTimestamp") if key in meta},
+                "spec": {"replicas": _get_path(body, spec_path) or 0},
+                "status": {"replicas": _get_path(body, status_path) or 0,
+                           **({"selector": selector} if selector else {})}}
+
+    async def _scale(self, request: kmock.Request) -> dict[str, Any]:
+        """GET, PATCH and PUT of /scale: a Scale view of spec.replicas, as the API server serves it."""
+        if request.method == kmock.method.GET:
+            async with self._lock:
+                return self._scale_view(request, copy.deepcopy(self._stored(request).raw))
+        content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
+        async with self._lock:
+            obj = self._stored(request)
+            current = copy.deepcopy(obj.raw)
+            view = self._scale_view(request, current)
+            try:
+                if request.method == kmock.method.PUT:
+                    proposed = request.data
+                elif content_type == "application/json-patch+json":
+                    proposed = jsonpatch.apply(view, request.data)
+                else:
+                    proposed = jsonpatch.merge(view, request.data)
+                replicas = int(proposed["spec"]["replicas"])
+            except (jsonpatch.PatchError, KeyError, TypeError, ValueError) as exc:
+                raise UnprocessableEntityError(status=422, reason="Invalid", message=f"bad scale: {exc}") from exc
+            if replicas == view["spec"]["replicas"]:
+                return view
+            new = copy.deepcopy(current)
+            _set_path(new, self._scale_paths(request)[0], replicas)
+            new["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
+            new["metadata"]["resourceVersion"] = self._next_resource_version()
+            obj.create(new)
+            self._keep_only_latest(obj)
+            await self._bus(request).put({"type": "MODIFIED", "object": copy.deepcopy(new)})
+            return self._scale_view(request, new)
+
+    # --- CRDs -------------------------------------------------------------------------------
+
+    def _serve_crd(self, crd: dict[str, Any]) -> None:
+        """Make a created CRD's resource discoverable, listable and watchable, as the API server does."""
+        spec = crd.get("spec", {})
+        names = spec.get("names", {})
+        for version in spec.get("versions", []):
+            if not version.get("served", True):
+                continue
+            resource = kmock.resource(spec["group"], version["name"], names["plural"])
+            self.resources[resource] = kmock.ResourceInfo(
+                kind=names.get("kind"),
+                singular=names.get("singular") or names.get("kind", "").lower(),
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+                shortnames=set(names.get("shortNames", [])),
+                categories=set(names.get("categories", [])),
+                subresources=set(version.get("subresources", {})),
+            )
+            self._crds[f"{spec['group']}/{version['name']}/{names['plural']}"] = version
+
+    def _forget_crd(self, request: kmock.Request, crd: dict[str, Any]) -> None:
+        if request.resource != CRD_RESOURCE:
+            return
+        spec = crd.get("spec", {})
+        for version in spec.get("versions", []):
+            resource = kmock.resource(spec["group"], version["name"], spec["names"]["plural"])
+            if resource in self.resources:
+                del self.resources[resource]
+            self._crds.pop(f"{spec['group']}/{version['name']}/{spec['names']['plural']}", None)
+
+    # --- discovery --------------------------------------------------------------------------
+
+    async def _serve_version(self, request: kmock.Request) -> dict[str, Any]:
+        """An APIResourceList as the API server builds it: subresources get no short names."""
+        assert request.resource is not None
+        group, version = request.resource.group, request.resource.version
+        entries: list[dict[str, Any]] = []
+        for resource in self.resources:
+            if resource.group != group or resource.version != version:
+                continue
+            info = self.resources[resource]
+            entries.append({
+                "name": resource.plural, "singularName": info.singular or "", "kind": info.kind,
+                "namespaced": bool(info.namespaced), "verbs": sorted(info.verbs),
+                "shortNames": sorted(info.shortnames), "categories": sorted(info.categories),
+            })
+            for subresource in sorted(info.subresources):
+                scale = subresource == "scale"
+                entries.append({
+                    "name": f"{resource.plural}/{subresource}", "singularName": "",
+                    "namespaced": bool(info.namespaced), "verbs": ["get", "patch", "update"],
+                    "kind": "Scale" if scale else info.kind,
+                    **({"group": "autoscaling", "version": "v1"} if scale else {}),
+                })
+        if not entries and group:
+            raise kmock.KubernetesResourceNotFoundError()
+        return {"apiVersion": "v1", "kind": "APIResourceList",
+                "groupVersion": f"{group}/{version}" if group else str(version), "resources": entries}
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def _select(self, request: kmock.Request) -> list[dict[str, Any]]:
+        found = []
+        for (resource, namespace, _name), obj in self.objects.items():
+            if resource != request.resource or obj.deleted:
+                continue
+            if request.namespace is not None and namespace != request.namespace:
+                continue
+            if request.name is not None and _name != request.name:
+                continue
+            if not _matches_selectors(obj.raw, request.params):
+                continue
+            found.append(copy.deepcopy(obj.raw))
+        found.sort(key=lambda item: (item["metadata"].get("namespace") or "", item["metadata"]["name"]))
+        return found
+
+    def _api_version_and_kind(self, request: kmock.Request) -> tuple[str, str]:
+        assert request.resource is not None
+        group, version = request.resource.group, request.resource.version
+        api_version = f"{group}/{version}" if group else str(version)
+        info = self.resources[request.resource] if request.resource in self.resources else kmock.ResourceInfo()
+        kind = info.kind or str(request.resource.plural).capitalize()
+        return api_version, kind
+
+    def _wants_table(self, request: kmock.Request) -> bool:
+        return "as=Table" in request.headers.get("Accept", "")
+
+    def _printer_columns(self, request: kmock.Request) -> list[dict[str, Any]]:
+        assert request.resource is not None
+        key = f"{request.resource.group}/{request.resource.version}/{request.resource.plural}"
+        columns: list[dict[str, Any]] = self._crds.get(key, {}).get("additionalPrinterColumns", [])
+        return columns
+
+    async def _list(self, request: kmock.Request) -> dict[str, Any]:
+        if request.resource not in self.resources:
+            raise kmock.KubernetesResourceNotFoundError()
+        async with self._lock:
+            items = self._select(request)
+            revision = str(self._revision)
+        api_version, kind = self._api_version_and_kind(request)
+        if self._wants_table(request):
+            return printing.table(items, self._printer_columns(request), revision)
+        return {"apiVersion": api_version, "kind": f"{kind}List",
+                "metadata": {"resourceVersion": revision}, "items": items}
+
+    async def _fetch(self, request: kmock.Request) -> dict[str, Any]:
+        async with self._lock:
+            body: dict[str, Any] = copy.deepcopy(self._stored(request).raw)
+        if self._wants_table(request):
+            return printing.table([body], self._printer_columns(request), str(self._revision))
+        return body
+
+    async def _watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """Stream JSON lines: the objects changed since `resourceVersion`, then live events."""
+        assert request._raw_request is not None, "served requests always carry the aiohttp request"
+        since = int(request.params.get("resourceVersion") or 0)
+        timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        async with self._lock:
+            marker = await self._bus(request).mark()
+            # Without a resourceVersion a watch starts with the whole state; with one, it replays what
+            # changed since (deletions in between are not replayed: the emulator keeps no history).
+            backlog = [
+                {"type": "ADDED" if since == 0 else "MODIFIED", "object": obj}
+                for obj in self._select(request)
+                if int(obj["metadata"].get("resourceVersion", 0)) > since
+            ]
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+        try:
+            for event in backlog:
+                await response.write(json.dumps(event).encode() + b"\n")
+            async with asyncio.timeout(timeout):
+                async for event in self._live_events(request, marker):
+                    await response.write(json.dumps(event).encode() + b"\n")
+        except (TimeoutError, ConnectionError):
+            pass  # the watch ends as a real one does: the client reconnects
+        finally:
+            await self._bus(request).unmark(marker)
+        await response.write_eof()
+        return response
+
+    async def _live_events(self, request: kmock.Request, marker: Any) -> AsyncIterator[dict[str, Any]]:
+        async for event in marker:
+            meta = event["object"].get("metadata", {})
+            if request.namespace is not None and meta.get("namespace") != request.namespace:
+                continue
+            if request.name is not None and meta.get("name") != request.name:
+                continue
+            if not _matches_selectors(event["object"], request.params):
+                continue
+            yield event

@@ -1,0 +1,52 @@
+"""The mutating admission webhook: worker pods of a service get its settings injected.
+
+It never blocks pod creation: the webhook configuration says failurePolicy Ignore with a short
+timeout, and a pod of an unknown service is admitted unchanged with a warning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from celery_event_operator import reconcile
+from celery_event_operator.api.models import GROUP, PLURAL, VERSION, InvalidSpecError
+from celery_event_operator.injection import pod, settings
+
+WEBHOOK_ID = "inject-celery-settings"
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def injections(body: kopf.Body, namespace: str | None, **_: Any) -> dict[tuple[str | None, str], pod.Injection]:
+    """(namespace, serviceName) → what its pods get; invalid services are not indexed."""
+    try:
+        validated = reconcile.validate(body)
+    except InvalidSpecError:
+        return {}
+    ref = validated.spec.broker.secret_ref
+    rendered = settings.render(validated.service_name, validated.spec)
+    return {(namespace, validated.service_name): pod.Injection(
+        service=validated.service_name, secret_name=ref.name, secret_key=ref.key,
+        configmap=settings.configmap_name(validated.service_name), config_hash=settings.config_hash(rendered))}
+
+
+@kopf.on.mutate("v1", "pods", id=WEBHOOK_ID, operation="CREATE",
+                labels={settings.SERVICE_LABEL: kopf.PRESENT})
+def inject_settings(body: kopf.Body, patch: kopf.Patch, warnings: list[str], logger: kopf.Logger,
+                    injections: kopf.Index[Any, Any] | None = None, **_: Any) -> None:
+    # `injections` is the index above: kopf passes it by name (the default only satisfies the typing).
+    namespace = body.metadata.namespace
+    service = body.metadata.labels[settings.SERVICE_LABEL]
+    found = list(injections.get((namespace, service), [])) if injections is not None else []
+    if not found:
+        message = pod.unknown_service_warning(service, namespace or "")
+        patch.metadata.annotations[pod.WARNING_ANNOTATION] = message
+        warnings.append(message)
+        logger.warning(message)
+        return
+    changes = pod.changes(body, found[-1])
+    patch.spec["containers"] = changes.containers
+    patch.spec["volumes"] = changes.volumes
+    for key, value in changes.annotations.items():
+        patch.metadata.annotations[key] = value

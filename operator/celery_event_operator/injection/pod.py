@@ -1,0 +1,82 @@
+"""What the admission webhook adds to a worker pod (pure).
+
+Everything is appended: a user's env, volumes and mounts are never changed or removed. A variable the
+user already set keeps the user's value, except PYTHONPATH, which is extended (a later entry that
+refers to the earlier one: the kubelet expands `$(PYTHONPATH)` from it).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from celery_event_operator.injection.settings import HASH_ANNOTATION, LOADER_MODULE, MOUNT_PATH, SETTINGS_FILE
+
+VOLUME_NAME = "celeryevents-settings"
+WARNING_ANNOTATION = "celeryevents.io/injection-warning"
+
+
+@dataclasses.dataclass(frozen=True)
+class Injection:
+    """What a service's pods get: where the broker URL is, and which settings."""
+
+    service: str
+    secret_name: str
+    secret_key: str
+    configmap: str
+    config_hash: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PodChanges:
+    containers: list[dict[str, Any]]
+    volumes: list[dict[str, Any]]
+    annotations: dict[str, str]
+
+
+def _environment(injection: Injection) -> list[dict[str, Any]]:
+    return [
+        {"name": "CELERY_BROKER_URL",
+         "valueFrom": {"secretKeyRef": {"name": injection.secret_name, "key": injection.secret_key}}},
+        # A plain Celery(...) app reads its settings from this module with the default loader.
+        {"name": "CELERY_LOADER", "value": "default"},
+        {"name": "CELERY_CONFIG_MODULE", "value": LOADER_MODULE},
+        {"name": "CELERY_EVENTS_SETTINGS", "value": f"{MOUNT_PATH}/{SETTINGS_FILE}"},
+        # `celery worker` reads its options from CELERY_* variables: no change to the command.
+        # Mingle and gossip broadcast to every worker (N² messages); heartbeats stay on.
+        {"name": "CELERY_WORKER_WITHOUT_MINGLE", "value": "1"},
+        {"name": "CELERY_WORKER_WITHOUT_GOSSIP", "value": "1"},
+    ]
+
+
+def _container(container: Mapping[str, Any], injection: Injection) -> dict[str, Any]:
+    result = copy.deepcopy(dict(container))
+    env: list[dict[str, Any]] = result.setdefault("env", [])
+    present = {variable.get("name") for variable in env}
+    env.extend(variable for variable in _environment(injection) if variable["name"] not in present)
+    python_paths = [variable for variable in env if variable.get("name") == "PYTHONPATH"]
+    if not python_paths:
+        env.append({"name": "PYTHONPATH", "value": MOUNT_PATH})
+    elif MOUNT_PATH not in str(python_paths[-1].get("value", "")):
+        env.append({"name": "PYTHONPATH", "value": f"$(PYTHONPATH):{MOUNT_PATH}"})
+    mounts: list[dict[str, Any]] = result.setdefault("volumeMounts", [])
+    if not any(mount.get("mountPath") == MOUNT_PATH or mount.get("name") == VOLUME_NAME for mount in mounts):
+        mounts.append({"name": VOLUME_NAME, "mountPath": MOUNT_PATH, "readOnly": True})
+    return result
+
+
+def changes(pod: Mapping[str, Any], injection: Injection) -> PodChanges:
+    """The containers and volumes with the injection appended, and the annotations to set."""
+    spec = pod.get("spec") or {}
+    containers = [_container(container, injection) for container in spec.get("containers") or []]
+    volumes = copy.deepcopy(list(spec.get("volumes") or []))
+    if not any(volume.get("name") == VOLUME_NAME for volume in volumes):
+        volumes.append({"name": VOLUME_NAME, "configMap": {"name": injection.configmap, "defaultMode": 0o444}})
+    return PodChanges(containers, volumes, {HASH_ANNOTATION: injection.config_hash})
+
+
+def unknown_service_warning(service: str, namespace: str) -> str:
+    return (f"no valid CeleryEventService with serviceName {service!r} in namespace {namespace!r}: "
+            "nothing was injected")

@@ -1,0 +1,187 @@
+"""The few Kubernetes API calls the operator makes beside kopf's own (I/O, official client, sync).
+
+Every call made here is listed in API_CALLS, which the chart's RBAC must cover.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from celery_event_operator.api.models import GROUP, PLURAL, VERSION
+
+# (API group, resource, verb) of every call the operator process makes; the chart's RBAC is tested
+# against this list. (`read_service` serves the command line, which runs with its user's credentials.)
+API_CALLS = (
+    # kopf: watching and patching the resources (annotations, finalizers), their status, Events.
+    ("celeryevents.io", "celeryeventservices", "list"),
+    ("celeryevents.io", "celeryeventservices", "watch"),
+    ("celeryevents.io", "celeryeventservices", "patch"),
+    ("celeryevents.io", "celeryeventservices/status", "patch"),
+    ("", "events", "create"),
+    # this module: the broker URL of each service.
+    ("", "secrets", "get"),
+    # the settings ConfigMap of each service (owned by the resource)
+    ("", "configmaps", "get"),
+    ("", "configmaps", "create"),
+    ("", "configmaps", "patch"),
+    # rollout on change: the settings hash stamped on the workers' pod template
+    ("apps", "deployments", "get"),
+    ("apps", "deployments", "patch"),
+    ("apps", "statefulsets", "get"),
+    ("apps", "statefulsets", "patch"),
+    # WorkersConfigured: the service's pods and the settings they carry; kopf watches the labelled
+    # pods for the metrics (a deleted pod's series go at once)
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    # autoscaling and spec.workers.replicas: the workers' replicas through /scale
+    ("apps", "deployments/scale", "get"),
+    ("apps", "deployments/scale", "patch"),
+    ("apps", "statefulsets/scale", "get"),
+    ("apps", "statefulsets/scale", "patch"),
+    # the counters and replica fields in status, written between kopf's patches
+    ("celeryevents.io", "celeryeventservices/status", "patch"),
+)
+
+T = TypeVar("T")
+
+WORKLOAD_PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed; the message names the object, never its data."""
+
+
+class SecretError(Exception):
+    """The broker Secret cannot be used; the message names it but never shows its data."""
+
+
+@contextlib.contextmanager
+def _reported(action: str) -> Iterator[None]:
+    """An API failure as a KubeError naming the action (the response body, maybe with data, stays out)."""
+    try:
+        yield
+    except ApiException as exc:
+        raise KubeError(f"{action}: HTTP {exc.status} {exc.reason}") from None
+
+
+def _unless_absent(call: Callable[[], T], action: str) -> T | None:
+    """The call's result; None on 404; a KubeError naming the action otherwise."""
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise KubeError(f"{action}: HTTP {exc.status} {exc.reason}") from None
+
+
+class KubeApi:
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self._core = kubernetes.client.CoreV1Api(client)
+        self._custom = kubernetes.client.CustomObjectsApi(client)
+
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The ConfigMap's data, None when it does not exist."""
+        configmap = _unless_absent(lambda: self._core.read_namespaced_config_map(name, namespace, _request_timeout=10),
+                                   f"cannot read ConfigMap {namespace}/{name}")
+        return None if configmap is None else dict(configmap.data or {})
+
+    def write_configmap(self, namespace: str, body: dict[str, Any], *, exists: bool) -> None:
+        name = body["metadata"]["name"]
+        with _reported(f"cannot write ConfigMap {namespace}/{name}"):
+            if exists:
+                self._core.patch_namespaced_config_map(name, namespace, {"data": body["data"]}, _request_timeout=10)
+            else:
+                manifest: Any = body  # the client accepts plain manifests where it declares its models
+                self._core.create_namespaced_config_map(namespace, manifest, _request_timeout=10)
+
+    def read_template_annotations(self, namespace: str, kind: str, name: str) -> dict[str, str] | None:
+        """The pod template annotations of a Deployment or StatefulSet; None when it does not exist."""
+        workload = _unless_absent(lambda: self._custom.get_namespaced_custom_object(
+            "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10),
+            f"cannot read {kind} {namespace}/{name}")
+        if workload is None:
+            return None
+        if not isinstance(workload, dict):
+            raise KubeError(f"cannot read {kind} {namespace}/{name}: the API answered with no object")
+        template = (workload.get("spec") or {}).get("template") or {}
+        return dict((template.get("metadata") or {}).get("annotations") or {})
+
+    def annotate_template(self, namespace: str, kind: str, name: str, annotations: dict[str, str]) -> None:
+        patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+        with _reported(f"cannot patch {kind} {namespace}/{name}"):
+            self._custom.patch_namespaced_custom_object(
+                "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, patch, _request_timeout=10)
+
+    def list_pod_annotations(self, namespace: str, label_selector: str) -> list[dict[str, str]]:
+        """The annotations of every pod matching the selector that is not being deleted."""
+        with _reported(f"cannot list pods in {namespace}"):
+            pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector, _request_timeout=10)
+        return [dict(pod.metadata.annotations or {}) for pod in pods.items
+                if pod.metadata is not None and pod.metadata.deletion_timestamp is None]
+
+    def read_scale(self, namespace: str, kind: str, name: str) -> tuple[int, int] | None:
+        """(desired, running) replicas of a Deployment or StatefulSet; None when it does not exist."""
+        scale = _unless_absent(lambda: self._custom.get_namespaced_custom_object_scale(
+            "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10),
+            f"cannot read the scale of {kind} {namespace}/{name}")
+        if scale is None:
+            return None
+        if not isinstance(scale, dict):
+            raise KubeError(f"cannot read the scale of {kind} {namespace}/{name}: no Scale in the answer")
+        desired = int((scale.get("spec") or {}).get("replicas") or 0)
+        return desired, int((scale.get("status") or {}).get("replicas") or 0)
+
+    def set_scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
+        with _reported(f"cannot scale {kind} {namespace}/{name}"):
+            self._custom.patch_namespaced_custom_object_scale(
+                "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, {"spec": {"replicas": replicas}},
+                _request_timeout=10)
+
+    def patch_service_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        # Gone meanwhile (404): nothing to report on.
+        _unless_absent(lambda: self._custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=10),
+            f"cannot patch the status of {namespace}/{name}")
+
+    def read_service(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            body = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                             _request_timeout=10)
+        except ApiException as exc:
+            raise LookupError(f"CeleryEventService {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
+        if not isinstance(body, dict):
+            raise TypeError(f"CeleryEventService {namespace}/{name}: the API answered with no object")
+        return body
+
+    @classmethod
+    def from_environment(cls) -> KubeApi:
+        """In a pod: its service account. Elsewhere: $KUBECONFIG (read now, not at import)."""
+        configuration = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
+                                               client_configuration=configuration)
+        return cls(kubernetes.client.ApiClient(configuration))
+
+    def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+        try:
+            secret = self._core.read_namespaced_secret(name, namespace, _request_timeout=10)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise SecretError(f"Secret {namespace}/{name} does not exist") from None
+            raise SecretError(f"cannot read Secret {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
+        encoded = (secret.data or {}).get(key)
+        if encoded is None:
+            raise SecretError(f"Secret {namespace}/{name} has no key {key!r}")
+        try:
+            return base64.b64decode(encoded).decode()
+        except (ValueError, UnicodeDecodeError):
+            raise SecretError(f"Secret {namespace}/{name} key {key!r} is not valid base64 UTF-8 text") from None

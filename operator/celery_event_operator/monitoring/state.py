@@ -1,0 +1,194 @@
+"""Metrics state of one service, fed by its Celery events (pure, plain dicts we own).
+
+Series are keyed by label tuples; every series of a worker is indexed by the worker, so a pod's
+series go at once (no scan of the others). One thread writes a service's state (its consumer):
+there is no lock on the event path; the exporter copies dicts before reading them (`dict.copy()`
+is atomic under the GIL).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+# Events whose counters are exported as celery_task_<kind>_total.
+TASK_EVENT_KINDS = ("sent", "received", "started", "succeeded", "failed", "rejected", "revoked", "retried")
+WITH_EXCEPTION = frozenset({"failed", "retried"})
+# Seconds; task runtimes from a few milliseconds to several minutes.
+RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+GENERIC_WORKER = "generic"  # task-sent comes from producers, which are no workers
+MAX_EVENT_BYTES = 64 * 1024
+TASK_NAMES_KEPT = 50_000  # task uuid → name, for events that do not carry the name
+TOMBSTONES_KEPT = 10_000
+TOMBSTONE_SECONDS = 600.0
+
+CounterKey = tuple[str, str, str, str]  # kind, task, worker, exception ("" when none)
+RuntimeKey = tuple[str, str]  # task, worker
+
+
+def worker_of(hostname: str) -> str:
+    """`celery@billing-worker-5d8f-x2` → the pod name `billing-worker-5d8f-x2`."""
+    return hostname.rpartition("@")[2] or hostname
+
+
+# task-retried carries the Retry that wraps the failure: `Retry(Retry(...), KeyError('sku'), 0)`,
+# or as text `Retry in 0s: KeyError('sku')`; the label is the wrapped exception's class.
+_RETRY_WRAPPER = re.compile(r"^Retry(?:\(Retry\(\.\.\.\),| (?:in|at) [^:]*:)\s*([A-Za-z_][\w.]*)")
+
+
+def exception_class(text: str) -> str:
+    """Celery sends `repr(exc)`, e.g. `KeyError('sku')` or `module.Error: message`."""
+    wrapped = _RETRY_WRAPPER.match(text)
+    head = wrapped.group(1) if wrapped else text.split("(", 1)[0].split(":", 1)[0].strip()
+    return head.rpartition(".")[2] or "Exception"
+
+
+class ServiceMetrics:
+    def __init__(self, namespace: str, service: str) -> None:
+        self.namespace = namespace
+        self.service = service
+        self.counters: dict[CounterKey, int] = {}
+        self.runtime_buckets: dict[RuntimeKey, list[int]] = {}  # cumulative later; raw per-bucket counts here
+        self.runtime_sum: dict[RuntimeKey, float] = {}
+        self.worker_up: dict[str, int] = {}
+        self.worker_active: dict[str, int] = {}
+        self.last_heard: dict[str, float] = {}
+        self.queue_length: dict[tuple[str, str], int] = {}  # (queue, role) → messages
+        self.queue_consumers: dict[str, int] = {}
+        self.events_consumed = 0
+        self.malformed = 0
+        self.dropped = 0  # well-formed events of no interest (types we do not count)
+        self._series_of: dict[str, set[tuple[str, Any]]] = collections.defaultdict(set)
+        self._task_names: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._tombstones: collections.OrderedDict[str, float] = collections.OrderedDict()
+
+    # --- the hot path -----------------------------------------------------------------------
+
+    def ingest_message(self, body: bytes | str, now: float) -> None:
+        """One AMQP message of the event exchange: an event, or a list of them (batched)."""
+        if len(body) > MAX_EVENT_BYTES:
+            self.malformed += 1
+            return
+        try:
+            decoded = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            self.malformed += 1
+            return
+        if isinstance(decoded, list):
+            for event in decoded:
+                self.ingest(event, now)
+        else:
+            self.ingest(decoded, now)
+
+    def ingest(self, event: Any, now: float) -> None:
+        try:
+            kind = event["type"]
+            hostname = event["hostname"]
+        except (TypeError, KeyError):
+            self.malformed += 1
+            return
+        if not isinstance(kind, str) or not isinstance(hostname, str):
+            self.malformed += 1
+            return
+        self.events_consumed += 1
+        if kind.startswith("task-"):
+            self._task_event(kind[5:], event, hostname, now)
+        elif kind.startswith("worker-"):
+            self._worker_event(kind[7:], event, worker_of(hostname), now)
+        else:
+            self.dropped += 1
+
+    def _task_event(self, kind: str, event: dict[str, Any], hostname: str, now: float) -> None:
+        if kind not in TASK_EVENT_KINDS:
+            self.dropped += 1
+            return
+        uuid = event.get("uuid")
+        name = event.get("name")
+        if name and uuid:
+            names = self._task_names
+            names[uuid] = name
+            if len(names) > TASK_NAMES_KEPT:
+                names.popitem(last=False)
+        elif uuid:
+            name = self._task_names.get(uuid)
+        task = name or "unknown"
+        worker = GENERIC_WORKER if kind == "sent" else worker_of(hostname)
+        if worker in self._tombstones:
+            return  # a late event of a deleted pod: its series stay gone
+        if worker != GENERIC_WORKER:
+            self.last_heard[worker] = now
+        exception = exception_class(str(event.get("exception", ""))) if kind in WITH_EXCEPTION else ""
+        key = (kind, task, worker, exception)
+        counters = self.counters
+        if key in counters:
+            counters[key] += 1
+        else:
+            counters[key] = 1
+            self._series_of[worker].add(("counter", key))
+        if kind == "succeeded":
+            runtime = event.get("runtime")
+            if isinstance(runtime, (int, float)):
+                self._observe_runtime((task, worker), float(runtime))
+        if uuid and kind in ("succeeded", "failed", "rejected", "revoked"):
+            self._task_names.pop(uuid, None)  # done: no later event of it needs the name
+
+    def _observe_runtime(self, key: RuntimeKey, runtime: float) -> None:
+        buckets = self.runtime_buckets.get(key)
+        if buckets is None:
+            buckets = self.runtime_buckets[key] = [0] * (len(RUNTIME_BUCKETS) + 1)
+            self.runtime_sum[key] = 0.0
+            self._series_of[key[1]].add(("runtime", key))
+        buckets[bisect.bisect_left(RUNTIME_BUCKETS, runtime)] += 1
+        self.runtime_sum[key] += runtime
+
+    def _worker_event(self, kind: str, event: dict[str, Any], worker: str, now: float) -> None:
+        if worker in self._tombstones:
+            return
+        if kind in ("online", "heartbeat"):
+            self.worker_up[worker] = 1
+            self.last_heard[worker] = now
+            active = event.get("active")
+            if isinstance(active, int):
+                self.worker_active[worker] = active
+        elif kind == "offline":
+            self.worker_up[worker] = 0
+            self.worker_active[worker] = 0
+            self.last_heard[worker] = now
+        else:
+            self.dropped += 1
+
+    # --- garbage collection -----------------------------------------------------------------
+
+    def forget_worker(self, worker: str, now: float) -> None:
+        """Every series of the worker, at once; its late events are ignored for a while."""
+        for series, key in self._series_of.pop(worker, ()):
+            if series == "counter":
+                self.counters.pop(key, None)
+            else:
+                self.runtime_buckets.pop(key, None)
+                self.runtime_sum.pop(key, None)
+        for per_worker in (self.worker_up, self.worker_active, self.last_heard):
+            per_worker.pop(worker, None)
+        self._tombstones[worker] = now
+        while len(self._tombstones) > TOMBSTONES_KEPT:
+            self._tombstones.popitem(last=False)
+
+    def sweep(self, live_pods: Iterable[str], now: float, silence_seconds: float) -> list[str]:
+        """Forget workers that are no live pod and were not heard from within `silence_seconds`."""
+        live = set(live_pods) | {GENERIC_WORKER}
+        gone = [worker for worker in list(self._series_of) + list(self.last_heard)
+                if worker not in live and now - self.last_heard.get(worker, 0.0) > silence_seconds]
+        for worker in dict.fromkeys(gone):
+            self.forget_worker(worker, now)
+        while self._tombstones and now - next(iter(self._tombstones.values())) > TOMBSTONE_SECONDS:
+            self._tombstones.popitem(last=False)
+        return list(dict.fromkeys(gone))
+
+    def series_count(self) -> int:
+        return (len(self.counters) + len(self.runtime_buckets) + len(self.worker_up) + len(self.worker_active)
+                + len(self.queue_length) + len(self.queue_consumers))
+

@@ -1,0 +1,241 @@
+"""EventsApp: events, handlers and broker-side retries on top of a plain Celery app."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from celery import Celery, Task
+from celery.exceptions import Ignore, Reject, Retry
+from kombu.entity import Exchange, Queue
+
+from celery_event_operator import naming
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_ENV = "CELERY_EVENTS_SETTINGS"
+DEFAULT_SETTINGS_PATH = "/etc/celery-events/settings.json"
+EXCEPTION_HEADER = naming.EXCEPTION_HEADER
+EXCEPTION_TYPE_HEADER = naming.EXCEPTION_TYPE_HEADER
+MAX_EXCEPTION_TEXT = 2000
+
+class PoisonMessageError(Exception):
+    """A message that came back too often after its worker process died on it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EventsSettings:
+    """The service's entity names, as the operator declared them (the `celery_events` settings)."""
+
+    service: str
+    events_exchange: str = "events"
+    handler_queues: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    retry_exchanges: tuple[str, ...] = ()
+    archive_exchange: str | None = None
+    queue_type: str = "classic"
+    vhost: str | None = None
+
+    @property
+    def max_retries(self) -> int:
+        return len(self.retry_exchanges)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> EventsSettings:
+        return cls(
+            service=data["service"],
+            events_exchange=data.get("events_exchange", "events"),
+            handler_queues=dict(data.get("handler_queues") or {}),
+            retry_exchanges=tuple(data.get("retry_exchanges") or ()),
+            archive_exchange=data.get("archive_exchange"),
+            queue_type=data.get("queue_type", "classic"),
+            vhost=data.get("vhost"),
+        )
+
+    @classmethod
+    def defaults(cls, service: str, *, max_retries: int = 10, archive: bool = True,
+                 events_exchange: str = "events") -> EventsSettings:
+        """The operator's defaults, for running without injected settings."""
+        return cls(service=service, events_exchange=events_exchange,
+                   retry_exchanges=tuple(naming.retry_name(service, level) for level in range(max_retries)),
+                   archive_exchange=naming.archive_name(service) if archive else None)
+
+    def queue_of(self, event: str) -> str:
+        return self.handler_queues.get(event) or naming.handler_queue_name(self.service, event)
+
+
+def load_settings(path: str | None = None) -> dict[str, Any]:
+    """The injected settings file, or {} when there is none (not running under the operator)."""
+    path = path or os.environ.get(SETTINGS_ENV, DEFAULT_SETTINGS_PATH)
+    try:
+        with open(path) as file:
+            loaded: dict[str, Any] = json.load(file)
+    except FileNotFoundError:
+        return {}
+    return loaded
+
+
+def _with_vhost(urls: str, vhost: str) -> str:
+    rewritten = []
+    for url in urls.split(";"):
+        parts = urllib.parse.urlsplit(url.strip())
+        rewritten.append(urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(vhost, safe=""))))
+    return ";".join(rewritten)
+
+
+def rejected_passes(request: Any, queue: str) -> int:
+    """How often the message was rejected from `queue` and came back (its x-death history)."""
+    headers = dict(getattr(request, "headers", None) or {})
+    deaths = vars(request).get("x-death") or headers.get("x-death") or []
+    return sum(int(death.get("count", 1)) for death in deaths
+               if death.get("queue") == queue and death.get("reason") == "rejected")
+
+
+class EventHandler(Task):  # type: ignore[misc]  # Celery is untyped
+    """A handler task whose failures are retried through the broker's retry levels.
+
+    A failure the runtime has handled (retried or archived) ends the task acknowledged; a worker
+    process that died is not a handled failure: Celery then rejects the message (acks on failure
+    stay off), which dead-letters it (classic) or requeues it (quorum), and nothing is lost.
+    """
+
+    acks_late = True
+    acks_on_failure_or_timeout = False
+    default_retry_delay = 0  # retries wait on the broker, never in the worker (no ETA)
+    max_retries = None  # the runtime counts attempts from the message (`retries`), not Celery
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        events: EventsSettings = self.app.events_settings
+        queue = events.queue_of(self.name)
+        passes = rejected_passes(self.request, queue)
+        if events.max_retries and passes >= events.max_retries:
+            error = PoisonMessageError(f"came back {passes} times after its worker died on it")
+            self._archive(error)
+            self._report_failure(error)
+            raise Ignore from error
+        try:
+            return self.run(*args, **kwargs)
+        except (Retry, Ignore, Reject):
+            raise
+        except Exception as exc:
+            self._retry_or_archive(exc)
+            self._report_failure(exc)
+            raise Ignore from exc  # archived (or dropped by configuration): acknowledge the original
+
+    def _report_failure(self, exc: Exception) -> None:
+        # Ignore sends no event of its own; monitoring must still see the final failure.
+        self.send_event("task-failed", exception=repr(exc)[:MAX_EXCEPTION_TEXT], traceback="")
+
+    def _retry_or_archive(self, exc: Exception) -> None:
+        events: EventsSettings = self.app.events_settings
+        attempt = self.request.retries
+        if attempt < events.max_retries:
+            level = min(attempt, events.max_retries - 1)
+            # Publishes (with confirms) a copy with retries + 1, then raises Retry: the worker acks.
+            raise self.retry(exc=exc, exchange=events.retry_exchanges[level], routing_key=self.name, declare=[])
+        self._archive(exc)
+
+    def _archive(self, exc: Exception) -> None:
+        events: EventsSettings = self.app.events_settings
+        if events.archive_exchange is None:
+            logger.error("%s[%s] failed for good and the archive is disabled: dropped (%r)",
+                         self.name, self.request.id, exc)
+            return
+        headers = {key: value for key, value in (self.request.headers or {}).items() if key != "x-death"}
+        headers[EXCEPTION_TYPE_HEADER] = type(exc).__name__
+        headers[EXCEPTION_HEADER] = f"{type(exc).__name__}: {exc}"[:MAX_EXCEPTION_TEXT]
+        headers[naming.ARCHIVED_AT_HEADER] = time.time()
+        try:
+            # `retries` in the copy = the attempts made; throw=False: publish without raising Retry.
+            self.retry(exc=exc, exchange=events.archive_exchange, routing_key=self.name, declare=[],
+                       headers=headers, throw=False)
+        except Exception as publish_error:
+            # Not archived: dead-letter the original instead of acknowledging it, so nothing is lost.
+            logger.exception("%s[%s]: archiving failed", self.name, self.request.id)
+            raise Reject(publish_error, requeue=False) from publish_error
+        logger.error("%s[%s] archived after %d attempts: %r", self.name, self.request.id,
+                     self.request.retries + 1, exc)
+
+
+class Event:
+    """Calling it runs its body (to validate), then publishes the event with publisher confirms."""
+
+    def __init__(self, app: EventsApp, name: str, function: Callable[..., Any]) -> None:
+        self.app = app
+        self.name = name
+        self.function = function
+        self.__doc__ = function.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> str:
+        self.function(*args, **kwargs)
+        # declare=[]: Celery would otherwise declare its default queue; the topology is the operator's.
+        result = self.app.send_task(self.name, args=args, kwargs=kwargs, routing_key=self.name, declare=[],
+                                    exchange=self.app.events_settings.events_exchange)
+        task_id: str = result.id
+        return task_id
+
+
+class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
+    task_cls = EventHandler
+
+    def __init__(self, main: str, *, events: EventsSettings, **kwargs: Any) -> None:
+        super().__init__(main, **kwargs)
+        self.events_settings = events
+        self._handled: list[str] = []
+        self.on_after_finalize.connect(self._consume_handler_queues, weak=False)
+
+    def event(self, name: str) -> Callable[[Callable[..., Any]], Event]:
+        def register(function: Callable[..., Any]) -> Event:
+            return Event(self, name, function)
+        return register
+
+    def handler(self, name: str, *, bind: bool = False, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        """The task name is the event name, as celery-amqp-events does: any service's message for the
+        event runs this service's handler, from this service's own queue."""
+        if name in self._handled:
+            raise ValueError(f"a handler for {name!r} is already registered")
+
+        def register(function: Callable[..., Any]) -> Any:
+            self._handled.append(name)
+            return self.task(function, name=name, bind=bind, base=EventHandler, **options)
+        return register
+
+    def _consume_handler_queues(self, **_: Any) -> None:
+        events = self.events_settings
+        exchange = Exchange(events.events_exchange, type="topic", no_declare=True)
+        queues = []
+        for name in self._handled:
+            if events.handler_queues and name not in events.handler_queues:
+                # The operator declared no queue for it: consuming would fail. Say so and go on.
+                logger.warning("handler %r is not in spec.events.handlers of service %r: not consumed",
+                               name, events.service)
+                continue
+            queues.append(Queue(events.queue_of(name), exchange=exchange, routing_key=name, no_declare=True))
+        self.conf.task_queues = queues
+
+
+def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
+    """A Celery app with the injected settings (or the operator's defaults without them)."""
+    settings = load_settings()
+    injected = settings.get("celery_events")
+    if injected is not None:
+        events = EventsSettings.from_mapping(injected)
+        if service_name is not None and service_name != events.service:
+            raise ValueError(f"this pod was configured for service {events.service!r}, not {service_name!r}")
+    elif service_name is not None:
+        events = EventsSettings.defaults(service_name)
+    else:
+        raise ValueError(f"no injected settings at ${SETTINGS_ENV}: pass the service name")
+    if events.vhost is not None and os.environ.get("CELERY_BROKER_URL"):
+        # Celery takes CELERY_BROKER_URL over any setting: the vhost override must go there.
+        os.environ["CELERY_BROKER_URL"] = _with_vhost(os.environ["CELERY_BROKER_URL"], events.vhost)
+    app = EventsApp(events.service, events=events)
+    app.config_from_object({**naming.ROBUST_CELERY_SETTINGS, **settings.get("celery", {}),
+                            "task_default_exchange": events.events_exchange})
+    app.conf.update(overrides)
+    return app

@@ -1,0 +1,240 @@
+"""Make the broker hold a service's planned topology, safely (I/O with py-amqp through kombu).
+
+Declaring is idempotent. RabbitMQ refuses to redeclare an entity with other arguments
+(PRECONDITION_FAILED, which closes the channel): an owned exchange is then recreated (exchanges hold
+no messages), a queue only when it is empty; a non-empty queue is reported and never touched.
+Entities the plan no longer has are removed once empty; a handler queue is first unbound, so it
+stops filling up while it waits to drain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import amqp
+from kombu.connection import Connection
+
+from celery_event_operator.topology import plan
+from celery_event_operator.topology.plan import Topology
+
+_ARGUMENT_IN_ERROR = re.compile(r"inequivalent arg '([^']+)'")
+PRECONDITION_FAILED = 406
+NOT_FOUND = 404
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueState:
+    name: str
+    role: plan.QueueRole | None  # None: a queue the plan no longer has
+    messages: int
+    consumers: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Why the broker does not hold the plan; `message` names the entity and is safe to show."""
+
+    entity: str
+    message: str
+
+
+@dataclasses.dataclass
+class Report:
+    queues: list[QueueState] = dataclasses.field(default_factory=list)
+    problems: list[Problem] = dataclasses.field(default_factory=list)
+    recreated: list[str] = dataclasses.field(default_factory=list)
+    removed: list[str] = dataclasses.field(default_factory=list)
+    kept: list[QueueState] = dataclasses.field(default_factory=list)  # obsolete, waiting to drain
+
+    def remembered(self, topology: Topology, previous: frozenset[str]) -> frozenset[str]:
+        """What to remember as declared: the plan, and whatever obsolete entity is still there."""
+        return topology.entity_names | (previous - frozenset(self.removed))
+
+
+class _Channel:
+    """A channel that is reopened after RabbitMQ closed it for a channel-level error."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._channel: Any = None
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`channel.<method>(*args, **kwargs)` of py-amqp, on an open channel."""
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self._connection.channel()
+        try:
+            return getattr(self._channel, method)(*args, **kwargs)
+        except amqp.exceptions.ChannelError:
+            self._channel = None  # the broker closed it
+            raise
+
+    def close(self) -> None:
+        if self._channel is not None and self._channel.is_open:
+            self._channel.close()
+        self._channel = None
+
+
+def _argument_named(error: amqp.exceptions.AMQPError) -> str:
+    match = _ARGUMENT_IN_ERROR.search(str(getattr(error, "reply_text", "")) or str(error))
+    return match.group(1) if match else "arguments"
+
+
+def _declare_queue(channel: _Channel, queue: plan.Queue) -> QueueState:
+    ok = channel.call("queue_declare", queue.name, durable=True, auto_delete=False, exclusive=False,
+                      arguments=dict(queue.arguments))
+    return QueueState(queue.name, queue.role, ok.message_count, ok.consumer_count)
+
+
+def _peek(channel: _Channel, name: str) -> QueueState | None:
+    """Depth and consumers of an existing queue, None when there is none."""
+    try:
+        ok = channel.call("queue_declare", name, passive=True)
+    except amqp.exceptions.NotFound:
+        return None
+    else:
+        return QueueState(name, None, ok.message_count, ok.consumer_count)
+
+
+def _delete_if_empty(channel: _Channel, name: str) -> QueueState | None:
+    """Delete an empty queue; returns the state of a non-empty one, which stays."""
+    state = _peek(channel, name)
+    if state is None:
+        return None
+    if state.messages:
+        return state
+    try:
+        channel.call("queue_delete", name, if_empty=True)
+    except amqp.exceptions.PreconditionFailed:  # a message arrived in between: it stays
+        return _peek(channel, name)
+    else:
+        return None
+
+
+def _declare_exchange(channel: _Channel, exchange: plan.Exchange) -> None:
+    channel.call("exchange_declare", exchange.name, exchange.type, durable=True, auto_delete=False)
+
+
+def _ensure_exchange(channel: _Channel, exchange: plan.Exchange, report: Report) -> None:
+    try:
+        _declare_exchange(channel, exchange)
+    except amqp.exceptions.PreconditionFailed as exc:
+        argument = _argument_named(exc)
+        if exchange.shared:
+            report.problems.append(Problem(exchange.name, (
+                f"the shared exchange {exchange.name!r} exists with another {argument} "
+                f"(wanted a durable {exchange.type} exchange); the operator never recreates it")))
+            return
+        channel.call("exchange_delete", exchange.name)
+        _declare_exchange(channel, exchange)
+        report.recreated.append(exchange.name)
+
+
+def _ensure_queue(channel: _Channel, queue: plan.Queue, report: Report) -> None:
+    try:
+        declared = _declare_queue(channel, queue)
+    except amqp.exceptions.PreconditionFailed as exc:
+        argument = _argument_named(exc)
+    else:
+        report.queues.append(declared)
+        return
+    kept = _delete_if_empty(channel, queue.name)
+    if kept is None:
+        report.queues.append(_declare_queue(channel, queue))
+        report.recreated.append(queue.name)
+        return
+    wanted = queue.arguments.get(argument, "none")
+    report.queues.append(dataclasses.replace(kept, role=queue.role))
+    report.problems.append(Problem(queue.name, (
+        f"queue {queue.name!r} was declared with another {argument} (wanted {wanted}); it holds "
+        f"{kept.messages} messages, so it is kept as it is and recreated once empty")))
+
+
+def _remove_obsolete(channel: _Channel, topology: Topology, names: Iterable[str], report: Report) -> None:
+    service, exchange = topology.service, next(e.name for e in topology.exchanges if e.shared)
+    kept_retry_levels = False
+    for name in names:
+        if name == plan.recover_name(service):
+            continue  # an exchange: removed last, once no retry level still drains into it
+        if name.startswith(f"{service}."):
+            event = name[len(service) + 1:]
+            for source in (exchange, plan.recover_name(service)):
+                with contextlib.suppress(amqp.exceptions.NotFound):  # already unbound or gone
+                    channel.call("queue_unbind", name, source, event)
+        kept = _delete_if_empty(channel, name)
+        if kept is not None:
+            report.kept.append(kept)
+            kept_retry_levels |= name.startswith(plan.retry_name(service, 0))
+            continue
+        if not name.startswith(f"{service}."):  # retry levels and the archive have an exchange of their name
+            channel.call("exchange_delete", name)
+        report.removed.append(name)
+    recover = plan.recover_name(service)
+    if recover in names and not kept_retry_levels and recover not in topology.entity_names:
+        channel.call("exchange_delete", recover)
+        report.removed.append(recover)
+
+
+def apply(connection: Connection, topology: Topology, previous: frozenset[str] = frozenset()) -> Report:
+    """Declare the plan, repair what differs, and remove what the plan dropped (when empty)."""
+    report = Report()
+    channel = _Channel(connection)
+    try:
+        for exchange in topology.exchanges:
+            _ensure_exchange(channel, exchange, report)
+        for queue in topology.queues:
+            _ensure_queue(channel, queue, report)
+        broken = {problem.entity for problem in report.problems}
+        for binding in topology.bindings:
+            if binding.exchange in broken:
+                continue
+            channel.call("queue_bind", binding.queue, binding.exchange, binding.routing_key)
+        _remove_obsolete(channel, topology, plan.obsolete(previous, topology), report)
+    finally:
+        channel.close()
+    return report
+
+
+def delete(connection: Connection, topology: Topology, previous: frozenset[str] = frozenset()) -> Report:
+    """Remove every entity of the service that is empty; report the others. The shared exchange stays."""
+    report = Report()
+    channel = _Channel(connection)
+    empty_plan = Topology(topology.service, tuple(e for e in topology.exchanges if e.shared), (), ())
+    try:
+        _remove_obsolete(channel, empty_plan, sorted(topology.entity_names | previous), report)
+    finally:
+        channel.close()
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class EntityState:
+    kind: str  # "exchange" or "queue"
+    name: str
+    present: bool
+    messages: int | None = None
+    consumers: int | None = None
+
+
+def inspect(connection: Connection, topology: Topology) -> list[EntityState]:
+    """The planned entities as the broker has them; declares nothing (passive checks only)."""
+    channel = _Channel(connection)
+    states: list[EntityState] = []
+    try:
+        for exchange in topology.exchanges:
+            try:
+                channel.call("exchange_declare", exchange.name, exchange.type, passive=True)
+            except amqp.exceptions.NotFound:
+                states.append(EntityState("exchange", exchange.name, present=False))
+            else:
+                states.append(EntityState("exchange", exchange.name, present=True))
+        for queue in topology.queues:
+            peeked = _peek(channel, queue.name)
+            states.append(EntityState("queue", queue.name, peeked is not None,
+                                      peeked.messages if peeked else None, peeked.consumers if peeked else None))
+    finally:
+        channel.close()
+    return states
