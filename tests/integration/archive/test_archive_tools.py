@@ -1,0 +1,167 @@
+"""`celery-event-operator archive list | replay | purge` against a real RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import amqp
+import pytest
+from kombu.connection import Connection
+
+from celery_event_operator import naming
+from celery_event_operator.api.models import parse_spec
+from celery_event_operator.topology import apply, plan
+from tests.conftest import create_broker_secret
+from tests.support.kube import EmulatedApi, eventually
+
+CREATED, CANCELLED = "orders.order.created", "orders.order.cancelled"
+SPEC = {"broker": {"secretRef": {"name": "rabbitmq"}}, "retry": {"maxRetries": 2},
+        "events": {"handlers": [{"name": CREATED}, {"name": CANCELLED}]}}
+
+
+def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "celery_event_operator.cli", "archive", *args],
+                          capture_output=True, text=True, timeout=300, check=check, env=env)
+
+
+def archive_task(channel: Any, order_id: int, event: str) -> str:
+    task_id = str(uuid.uuid4())
+    headers = {"lang": "py", "task": event, "id": task_id, "root_id": task_id, "parent_id": None, "retries": 3,
+               naming.EXCEPTION_TYPE_HEADER: "ValueError", naming.EXCEPTION_HEADER: f"ValueError: order {order_id}",
+               naming.ARCHIVED_AT_HEADER: 1_700_000_000.0}
+    body = json.dumps([[order_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    channel.basic_publish_confirm(
+        amqp.Message(body, content_type="application/json", content_encoding="utf-8", application_headers=headers,
+                     delivery_mode=2),
+        exchange=naming.archive_name("billing"), routing_key=event)
+    return task_id
+
+
+@pytest.fixture
+def archive(test_vhost_url: str) -> Iterator[dict[str, list[str]]]:
+    """1,000 archived events: 300 of orders.order.created, 700 of orders.order.cancelled."""
+    with Connection(test_vhost_url) as connection:
+        apply.apply(connection, plan.plan("billing", parse_spec(SPEC)))
+        channel = connection.channel()
+        ids: dict[str, list[str]] = {CREATED: [], CANCELLED: [], "all": []}
+        for order_id in range(1000):
+            event = CREATED if order_id % 10 < 3 else CANCELLED
+            task_id = archive_task(channel, order_id, event)
+            ids[event].append(task_id)
+            ids["all"].append(task_id)
+        yield ids
+
+
+def depth(url: str, queue: str) -> int:
+    with Connection(url) as connection:
+        count: int = connection.channel().queue_declare(queue, passive=True).message_count
+        return count
+
+
+def drain(url: str, queue: str) -> list[amqp.Message]:
+    with Connection(url) as connection:
+        channel = connection.channel()
+        found = []
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            found.append(message)
+        return found
+
+
+def listed(url: str, *extra: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(cli("list", "billing", "--broker-url", url, "--json", *extra).stdout)
+    return rows
+
+
+def test_list_twice_shows_the_same_messages_in_the_same_order(archive: dict[str, list[str]],
+                                                               test_vhost_url: str) -> None:
+    with Connection(test_vhost_url) as connection:
+        channel = connection.channel()
+        channel.basic_publish(amqp.Message(b"\x00\x01 not json", content_type="application/octet-stream"),
+                              exchange="billing:archived", routing_key=CREATED)
+        channel.basic_publish(amqp.Message('{"id": "raw-1", "order": 5}', content_type="application/json"),
+                              exchange="billing:archived", routing_key=CANCELLED)
+    first, second = listed(test_vhost_url), listed(test_vhost_url)
+    assert [row["task_id"] for row in first] == [row["task_id"] for row in second]
+    assert len(first) == 1002
+    assert depth(test_vhost_url, "billing:archived") == 1002, "listing changed nothing"
+    assert [row["task_id"] for row in first[:1000]] == archive["all"], "oldest first, as archived"
+    assert (first[0]["kind"], first[0]["attempts"], first[0]["exception"]) == ("celery", 3, "ValueError: order 0")
+    assert [row["kind"] for row in first[-2:]] == ["unparseable", "json"]
+    assert listed(test_vhost_url, "--event", CREATED)[0]["event"] == CREATED
+    assert len(listed(test_vhost_url, "--event", CREATED)) == 301
+    table = cli("list", "billing", "--broker-url", test_vhost_url).stdout
+    assert "guest" not in table
+
+
+def test_replay_sends_exactly_the_selected_events_back_once(archive: dict[str, list[str]],
+                                                             test_vhost_url: str) -> None:
+    dry = cli("replay", "billing", "--broker-url", test_vhost_url, "--event", CREATED, "--dry-run").stdout
+    assert "would replay 300 of 300" in dry
+    assert depth(test_vhost_url, "billing.orders.order.created") == 0
+
+    done = cli("replay", "billing", "--broker-url", test_vhost_url, "--event", CREATED).stdout
+    assert "replayed 300 of 300 matching (1000 archived) to billing:recover; 700 stay archived" in done
+    replayed = drain(test_vhost_url, "billing.orders.order.created")
+    assert sorted(m.headers["id"] for m in replayed) == sorted(archive[CREATED])
+    assert {m.headers["retries"] for m in replayed} == {0}, "attempt count reset"
+    assert not any(naming.EXCEPTION_HEADER in m.headers for m in replayed)
+    assert {m.delivery_info["routing_key"] for m in replayed} == {CREATED}
+    assert depth(test_vhost_url, "billing.orders.order.cancelled") == 0, "only the selected event"
+    assert [row["task_id"] for row in listed(test_vhost_url)] == archive[CANCELLED], "the rest stays, in order"
+
+
+def test_replay_killed_half_way_loses_nothing(archive: dict[str, list[str]], test_vhost_url: str) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery_event_operator.cli", "archive", "replay", "billing", "--broker-url",
+         test_vhost_url, "--event", CREATED, "--rate", "150"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    eventually(lambda: depth(test_vhost_url, "billing.orders.order.created") >= 60, timeout=30)
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+
+    handler_ids = [m.headers["id"] for m in drain(test_vhost_url, "billing.orders.order.created")]
+    archived_ids = [row["task_id"] for row in listed(test_vhost_url)]
+    everything = archive[CREATED] + archive[CANCELLED]
+    assert set(handler_ids) | set(archived_ids) == set(everything), "each message archived or replayed"
+    in_both = set(handler_ids) & set(archived_ids)
+    assert len(in_both) <= 1, "at most the one in flight is both"
+    assert 60 <= len(handler_ids) < 300
+
+    cli("replay", "billing", "--broker-url", test_vhost_url, "--event", CREATED)
+    second = [m.headers["id"] for m in drain(test_vhost_url, "billing.orders.order.created")]
+    replays = Counter(handler_ids + second)
+    assert set(replays) == set(archive[CREATED])
+    assert sum(count - 1 for count in replays.values()) <= 1
+
+
+def test_purge(archive: dict[str, list[str]], test_vhost_url: str) -> None:
+    refused = cli("purge", "billing", "--broker-url", test_vhost_url, check=False)
+    assert refused.returncode == 2
+    assert depth(test_vhost_url, "billing:archived") == 1000
+    assert "purged 300 of 1000" in cli("purge", "billing", "--broker-url", test_vhost_url, "--event", CREATED,
+                                       "--yes").stdout
+    assert [row["task_id"] for row in listed(test_vhost_url)] == archive[CANCELLED]
+    assert "purged 700 of 700" in cli("purge", "billing", "--broker-url", test_vhost_url, "--yes").stdout
+
+
+def test_connection_through_the_resource_and_its_secret(kube_api: EmulatedApi, crd_installed: dict[str, Any],
+                                                        archive: dict[str, list[str]], test_vhost_url: str) -> None:
+    create_broker_secret(kube_api, test_vhost_url, namespace="shop")
+    kube_api.client.create("/apis/celeryevents.io/v1alpha1/namespaces/shop/celeryeventservices", {
+        "apiVersion": "celeryevents.io/v1alpha1", "kind": "CeleryEventService",
+        "metadata": {"name": "billing-resource"}, "spec": {**SPEC, "serviceName": "billing"}})
+    env = {**os.environ, "KUBECONFIG": str(kube_api.kubeconfig)}
+    result = cli("list", "billing-resource", "-n", "shop", "--event", CANCELLED, env=env)
+    assert len(result.stdout.splitlines()) == 701
+    assert "guest:guest" not in result.stdout + result.stderr
+    missing = cli("list", "nope", "-n", "shop", env=env, check=False)
+    assert missing.returncode == 1
+    assert "nope" in missing.stderr

@@ -1,0 +1,151 @@
+"""The emulated API behaves as the real one where kopf and kubectl depend on it (over HTTP only)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.support.kube import ApiError, EmulatedApi
+
+CES = "/apis/celeryevents.io/v1alpha1/namespaces/shop/celeryeventservices"
+CMS = "/api/v1/namespaces/shop/configmaps"
+
+
+def service(name: str = "billing", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "celeryevents.io/v1alpha1", "kind": "CeleryEventService",
+            "metadata": {"name": name}, "spec": {"broker": {"secretRef": {"name": "rabbitmq"}}, **spec}}
+
+
+def test_create_fills_server_fields(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
+    created = kube_api.client.create(CES, service())
+    meta = created["metadata"]
+    assert meta["namespace"] == "shop", "namespace comes from the URL"
+    assert meta["uid"]
+    assert meta["creationTimestamp"]
+    assert meta["resourceVersion"]
+    assert meta["generation"] == 1
+    with pytest.raises(ApiError) as conflict:
+        kube_api.client.create(CES, service())
+    assert conflict.value.status == 409
+
+
+def test_generation_and_resource_version(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
+    client = kube_api.client
+    rv0 = client.create(CES, service())["metadata"]["resourceVersion"]
+    spec_changed = client.merge_patch(f"{CES}/billing", {"spec": {"retry": {"maxRetries": 3}}})
+    assert spec_changed["metadata"]["generation"] == 2
+    assert int(spec_changed["metadata"]["resourceVersion"]) > int(rv0)
+    labelled = client.merge_patch(f"{CES}/billing", {"metadata": {"labels": {"a": "b"}}})
+    assert labelled["metadata"]["generation"] == 2, "metadata changes do not bump generation"
+    status = client.merge_patch(f"{CES}/billing/status", {"status": {"observedGeneration": 2}})
+    assert status["status"] == {"observedGeneration": 2}
+    assert status["metadata"]["generation"] == 2
+    ignored = client.merge_patch(f"{CES}/billing", {"status": {"observedGeneration": 99}, "spec": {}})
+    assert ignored["status"] == {"observedGeneration": 2}, "status is written only through /status"
+    noop = client.merge_patch(f"{CES}/billing", {"spec": {"retry": {"maxRetries": 3}}})
+    assert noop["metadata"]["resourceVersion"] == ignored["metadata"]["resourceVersion"]
+
+
+def test_json_patch_with_optimistic_concurrency(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
+    client = kube_api.client
+    rv = client.create(CES, service())["metadata"]["resourceVersion"]
+    added = client.json_patch(f"{CES}/billing", [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["celeryevents.io/finalizer"]},
+    ])
+    assert added["metadata"]["finalizers"] == ["celeryevents.io/finalizer"]
+    with pytest.raises(ApiError) as stale:
+        client.json_patch(f"{CES}/billing", [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "remove", "path": "/metadata/finalizers"},
+        ])
+    assert stale.value.status == 422, "a failed test is Unprocessable Entity, which kopf retries"
+
+
+def test_finalizers_hold_deletion(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
+    client = kube_api.client
+    client.create(CES, {**service(), "metadata": {"name": "billing", "finalizers": ["x/y"]}})
+    client.delete(f"{CES}/billing")
+    held = client.get(f"{CES}/billing")
+    assert held["metadata"]["deletionTimestamp"]
+    client.merge_patch(f"{CES}/billing", {"metadata": {"finalizers": None}})
+    with pytest.raises(ApiError) as gone:
+        client.get(f"{CES}/billing")
+    assert gone.value.status == 404
+
+
+def test_crd_is_served_after_creation(kube_api: EmulatedApi) -> None:
+    with pytest.raises(ApiError):
+        kube_api.client.get("/apis/celeryevents.io/v1alpha1")
+    kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "crds"))
+    resources = kube_api.client.get("/apis/celeryevents.io/v1alpha1")["resources"]
+    main = next(r for r in resources if r["name"] == "celeryeventservices")
+    assert main["shortNames"] == ["celeryevents", "ces"]
+    assert {r["name"] for r in resources} >= {"celeryeventservices/status", "celeryeventservices/scale"}
+    assert "ces" in kube_api.kubectl("api-resources").stdout
+
+
+def test_lists_are_typed_and_filtered(kube_api: EmulatedApi) -> None:
+    client = kube_api.client
+    client.create(CMS, {"metadata": {"name": "a", "labels": {"app": "x"}}, "data": {}})
+    client.create(CMS, {"metadata": {"name": "b"}, "data": {}})
+    listed = client.get(CMS)
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "ConfigMapList")
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["a", "b"]
+    assert [i["metadata"]["name"] for i in client.get(CMS + "?labelSelector=app%3Dx")["items"]] == ["a"]
+
+
+def test_secret_string_data_is_stored_encoded(kube_api: EmulatedApi) -> None:
+    secret = kube_api.client.create("/api/v1/namespaces/shop/secrets",
+                                    {"metadata": {"name": "s"}, "stringData": {"url": "amqp://h/"}})
+    assert secret["data"] == {"url": "YW1xcDovL2gv"}
+    assert "stringData" not in secret
+
+
+def test_watch_streams_json_lines_since_a_version(kube_api: EmulatedApi) -> None:
+    client = kube_api.client
+    first = client.create(CMS, {"metadata": {"name": "a"}, "data": {}})
+    client.create(CMS, {"metadata": {"name": "b"}, "data": {}})
+    url = f"{kube_api.url}{CMS}?watch=true&timeoutSeconds=1&resourceVersion={first['metadata']['resourceVersion']}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert response.headers["Content-Type"] == "application/json"
+        events = [json.loads(line) for line in response.read().splitlines() if line]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("MODIFIED", "b")]
+
+
+def test_kubectl_get_prints_the_printer_columns(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
+    kube_api.client.create(CES, service())
+    kube_api.client.merge_patch(f"{CES}/billing/status", {"status": {"queueLength": 42, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "R", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+    output = kube_api.kubectl("get", "ces", "-n", "shop").stdout.splitlines()
+    assert output[0].split() == ["NAME", "READY", "QUEUE", "CONSUMERS", "REPLICAS", "AGE"]
+    assert output[1].split()[:3] == ["billing", "True", "42"]
+
+
+def test_requests_are_not_kept(kube_api: EmulatedApi) -> None:
+    for index in range(50):
+        kube_api.client.create(CMS, {"metadata": {"name": f"cm{index}"}, "data": {}})
+    assert kube_api.emulator is not None
+    # kmock's request log is what made every request slower than the last.
+    assert list(kube_api.emulator._requests) == []
+
+
+def test_scale_subresource_of_a_workload_and_of_the_crd(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
+    kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
+    deployment = "/apis/apps/v1/namespaces/default/deployments/billing-worker"
+    scale = kube_api.client.get(f"{deployment}/scale")
+    assert (scale["kind"], scale["spec"]["replicas"], scale["status"]["selector"]) == ("Scale", 2, "app=billing-worker")
+    kube_api.client.merge_patch(f"{deployment}/scale", {"spec": {"replicas": 5}})
+    assert kube_api.client.get(deployment)["spec"]["replicas"] == 5
+    assert "scaled" in kube_api.kubectl("scale", "deployment", "billing-worker", "--replicas=3").stdout
+    assert kube_api.client.get(deployment)["spec"]["replicas"] == 3
+
+    body = service()
+    body["spec"]["workers"] = {"scaleTargetRef": {"name": "billing-worker"}, "replicas": 1}
+    kube_api.client.create(CES, body)
+    kube_api.kubectl("scale", "ces", "billing", "-n", "shop", "--replicas=4")
+    assert kube_api.client.get(f"{CES}/billing")["spec"]["workers"]["replicas"] == 4

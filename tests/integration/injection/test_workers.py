@@ -1,0 +1,187 @@
+"""Real Celery workers configured only by what the operator injected, on the operator's topology.
+
+The operator runs for real on the emulated API; its webhook is called with a real AdmissionReview;
+the worker runs with the resulting env and files (see tests/support/workers.py for the kubelet's part).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import pathlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import amqp
+import pytest
+import yaml
+from kombu.connection import Connection
+
+from celery_event_operator.devcluster import jsonpatch
+from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
+from tests.conftest import REPO, create_broker_secret
+from tests.integration.injection.test_webhook import review, worker_pod
+from tests.support.kube import EmulatedApi, eventually
+from tests.support.operator_process import OperatorProcess
+from tests.support.workers import Worker, as_kubelet_would
+
+APPS = pathlib.Path(__file__).resolve().parent / "apps"
+CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
+EVENT_QUEUE = "billing.orders.order.created"
+MAX_RETRIES = 3
+
+
+@pytest.fixture
+def injected_env(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str,
+                 tmp_path: pathlib.Path) -> Iterator[dict[str, str]]:
+    """The env of a worker pod of `billing` after the webhook, as the kubelet would give it."""
+    create_broker_secret(kube_api, test_vhost_url)
+    operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
+    service = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    service["spec"]["retry"] = {"maxRetries": MAX_RETRIES}
+    service["spec"]["events"]["handlers"] = [{"name": "orders.order.created"}]
+    kube_api.client.create(CES, service)
+    eventually(lambda: any(c["type"] == "Ready" and c["status"] == "True"
+                           for c in kube_api.client.get(f"{CES}/billing").get("status", {}).get("conditions", [])),
+               timeout=20, message="the service never became Ready")
+    pod = worker_pod({"celeryevents.io/service": "billing"})
+    response = operator.admit(review(pod))["response"]
+    pod = jsonpatch.apply(pod, json.loads(base64.b64decode(response["patch"])))
+    env = as_kubelet_would(pod, kube_api.client, tmp_path / "mounted-settings")
+    yield {**env, "HANDLER_LOG": str(tmp_path / "handled.jsonl")}
+    operator.stop()
+
+
+@pytest.fixture
+def worker_factory(injected_env: dict[str, str], tmp_path: pathlib.Path) -> Iterator[Any]:
+    started: list[Worker] = []
+
+    def start(*options: str) -> Worker:
+        worker = Worker(APPS, "orders_app", injected_env, tmp_path / "worker.log", *options).start()
+        started.append(worker)
+        return worker
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def handled(env: dict[str, str]) -> list[dict[str, Any]]:
+    path = pathlib.Path(env["HANDLER_LOG"])
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def fire(worker: Worker, *events: tuple[int, str]) -> None:
+    worker.run("from orders_app import order_created\n"
+               f"for order_id, behaviour in {list(events)!r}:\n    order_created(order_id, behaviour)")
+
+
+def archived(url: str) -> list[amqp.Message]:
+    messages = []
+    with Connection(url) as connection:
+        channel = connection.channel()
+        while (message := channel.basic_get("billing:archived", no_ack=True)) is not None:
+            messages.append(message)
+    return messages
+
+
+def depth(url: str, queue: str) -> int:
+    with Connection(url) as connection:
+        count: int = connection.channel().queue_declare(queue, passive=True).message_count
+        return count
+
+
+def test_worker_runs_on_injected_settings_alone(worker_factory: Any, injected_env: dict[str, str]) -> None:
+    assert set(injected_env) >= {"CELERY_BROKER_URL", "CELERY_CONFIG_MODULE", "CELERY_EVENTS_SETTINGS", "PYTHONPATH"}
+    worker = worker_factory("--pool=solo")
+    fire(worker, (1, "ok"), (2, "ok"))
+    eventually(lambda: {h["order_id"] for h in handled(injected_env)} == {1, 2}, timeout=20)
+    assert all(h["exchange"] == "events" for h in handled(injected_env))
+    log = worker.log()
+    assert "mingle: searching for neighbors" not in log, "mingle is off"
+    assert "gossip" not in log.lower().replace("without_gossip", "")
+
+
+def test_failures_are_retried_on_the_broker_after_1_2_4_seconds(
+        worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str) -> None:
+    worker = worker_factory("--pool=solo")
+    fire(worker, (7, "flaky"))
+    eventually(lambda: len(handled(injected_env)) == 3, timeout=10)
+    # Between the third failure and the fourth attempt (4 s): the message waits on the broker, in
+    # retry level 2, and the worker holds nothing (no ETA, nothing reserved or scheduled).
+    eventually(lambda: depth(test_vhost_url, "billing:retry.2") == 1, timeout=2)
+    inspected = worker.run("import json\nfrom orders_app import app\ni = app.control.inspect(timeout=2)\n"
+                           "print(json.dumps({'scheduled': i.scheduled(), 'reserved': i.reserved()}))").stdout
+    state = json.loads(inspected)
+    assert all(not tasks for tasks in state["scheduled"].values())
+    assert all(not tasks for tasks in state["reserved"].values())
+
+    eventually(lambda: len(handled(injected_env)) == 4, timeout=10)
+    attempts = handled(injected_env)
+    assert [a["retries"] for a in attempts] == [0, 1, 2, 3]
+    assert [a["exchange"] for a in attempts] == ["events", "billing:recover", "billing:recover", "billing:recover"]
+    gaps = [later["at"] - earlier["at"] for earlier, later in itertools.pairwise(attempts)]
+    for gap, expected in zip(gaps, (1, 2, 4), strict=True):
+        assert abs(gap - expected) <= 0.5, f"redelivered after {gaps}, expected 1, 2, 4 s"
+    assert archived(test_vhost_url) == []
+
+
+def test_always_failing_event_is_archived_with_its_attempts_and_exception(
+        worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str) -> None:
+    worker = worker_factory("--pool=solo")
+    fire(worker, (9, "always"))
+    eventually(lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=20)
+    [message] = archived(test_vhost_url)
+    assert message.headers["retries"] == MAX_RETRIES + 1, "attempts made: the first and 3 retries"
+    assert message.headers[EXCEPTION_TYPE_HEADER] == "KeyError"
+    assert "always fails" in message.headers[EXCEPTION_HEADER]
+    assert message.headers["task"] == "orders.order.created"
+    assert json.loads(message.body)[0] == [9, "always"]
+    assert len(handled(injected_env)) == MAX_RETRIES + 1
+
+
+def test_poison_message_is_archived_after_max_retries_passes(
+        worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str) -> None:
+    worker = worker_factory("--pool=prefork", "--concurrency=1")
+    fire(worker, (13, "crash"))
+    eventually(lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=60,
+               message="the poison message kept looping")
+    [message] = archived(test_vhost_url)
+    assert message.headers[EXCEPTION_TYPE_HEADER] == "PoisonMessageError"
+    assert worker.process is not None
+    assert worker.process.poll() is None, "the worker itself survived its lost processes"
+    fire(worker, (14, "ok"))
+    eventually(lambda: any(h["order_id"] == 14 for h in handled(injected_env)), timeout=20)
+
+
+def test_thousand_events_with_failures_and_a_kill_lose_nothing(
+        worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str,
+        record_property: Any) -> None:
+    total = 1000
+    events = [(order_id, "always" if order_id % 10 == 0 else "slow") for order_id in range(total)]
+    expected_failures = {order_id for order_id, behaviour in events if behaviour == "always"}
+    worker = worker_factory("--pool=threads", "--concurrency=8")
+    fire(worker, *events)
+    eventually(lambda: len(handled(injected_env)) >= 300, timeout=60)
+    worker.kill()  # SIGKILL in the middle: whatever it had not acknowledged goes back to the queues
+    killed_at = len(handled(injected_env))
+    assert killed_at < total - len(expected_failures), "the kill came after the work: make handlers slower"
+    worker_factory("--pool=threads", "--concurrency=8")
+
+    succeeded = lambda: {h["order_id"] for h in handled(injected_env)} - expected_failures  # noqa: E731
+    eventually(lambda: len(succeeded()) == total - len(expected_failures), timeout=120,
+               message="not every event was handled")
+    eventually(lambda: depth(test_vhost_url, "billing:archived") >= len(expected_failures), timeout=60,
+               message="not every failing event was archived")
+    archived_ids = Counter(json.loads(message.body)[0][0] for message in archived(test_vhost_url))
+    assert set(archived_ids) == expected_failures
+    runs = Counter(h["order_id"] for h in handled(injected_env) if h["order_id"] not in expected_failures)
+    handled_twice = sum(count - 1 for count in runs.values())
+    archived_twice = sum(count - 1 for count in archived_ids.values())
+    record_property("handled_twice", handled_twice)
+    record_property("archived_twice", archived_twice)
+    print(f"1,000 events, SIGKILL after {killed_at} handler runs: every event handled or archived; "
+          f"duplicates: {handled_twice} handled twice, {archived_twice} archived twice")
+    # At least once: duplicates only of what the killed worker had taken and not acknowledged.
+    assert handled_twice + archived_twice <= 16, "more duplicates than the killed worker had in flight"

@@ -1,0 +1,169 @@
+"""Metrics from Celery events with the real operator: real workers, pod deletions through the API,
+garbage on the events queue."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import amqp
+import pytest
+import yaml
+from kombu.connection import Connection
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_event_operator.devcluster import jsonpatch
+from tests.conftest import REPO, create_broker_secret
+from tests.integration.injection.test_webhook import review, worker_pod
+from tests.support.kube import EmulatedApi, eventually
+from tests.support.operator_process import OperatorProcess
+from tests.support.workers import Worker, as_kubelet_would
+
+APPS = REPO / "tests" / "integration" / "injection" / "apps"
+CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
+PODS = "/api/v1/namespaces/default/pods"
+TASK = "orders.order.created"
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(operator: OperatorProcess, service: str = "billing") -> Samples:
+    return {(sample.name, tuple(sorted((k, v) for k, v in sample.labels.items()
+                                       if k not in ("namespace", "service_name")))): sample.value
+            for family in text_string_to_metric_families(operator.scrape()) for sample in family.samples
+            if sample.labels.get("service_name") == service}
+
+
+def value(found: Samples, name: str, **labels: str) -> float:
+    return found.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def workers_in(found: Samples) -> set[str]:
+    return {dict(labels)["worker"] for _, labels in found if "worker" in dict(labels)} - {"generic"}
+
+
+@pytest.fixture
+def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str,
+             tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
+    create_broker_secret(kube_api, test_vhost_url)
+    process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
+    service = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    service["spec"]["retry"] = {"maxRetries": 1}
+    service["spec"]["events"]["handlers"] = [{"name": TASK}]
+    service["spec"]["statusIntervalSeconds"] = 1
+    kube_api.client.create(CES, service)
+    eventually(lambda: any(c["type"] == "Ready" and c["status"] == "True"
+                           for c in kube_api.client.get(f"{CES}/billing").get("status", {}).get("conditions", [])),
+               timeout=20)
+    eventually(lambda: _consuming(test_vhost_url), timeout=20, message="the events queue was never consumed")
+    yield process
+    process.stop()
+
+
+def _consuming(url: str) -> bool:
+    with Connection(url) as connection:
+        try:
+            return bool(connection.channel().queue_declare("billing.celeryev", passive=True).consumer_count)
+        except amqp.exceptions.NotFound:
+            return False
+
+
+def publish_events(url: str, *events: dict[str, Any] | bytes) -> None:
+    with Connection(url) as connection:
+        channel = connection.channel()
+        for item in events:
+            body = item if isinstance(item, bytes) else json.dumps(item)
+            channel.basic_publish(amqp.Message(body, content_type="application/json"), exchange="billing:celeryev",
+                                  routing_key="worker.heartbeat")
+
+
+def heartbeat(worker: str) -> dict[str, Any]:
+    return {"type": "worker-heartbeat", "hostname": f"celery@{worker}", "active": 0, "freq": 2.0, "timestamp": 1.0}
+
+
+def test_real_workers_produce_exact_counters(kube_api: EmulatedApi, operator: OperatorProcess,
+                                             tmp_path: pathlib.Path) -> None:
+    pod = worker_pod({"celeryevents.io/service": "billing"})
+    patch = json.loads(base64.b64decode(operator.admit(review(pod))["response"]["patch"]))
+    env = {**as_kubelet_would(jsonpatch.apply(pod, patch), kube_api.client, tmp_path / "settings"),
+           "HANDLER_LOG": str(tmp_path / "handled.jsonl")}
+    worker = Worker(APPS, "orders_app", env, tmp_path / "worker.log", "--pool=solo",
+                    "--hostname=celery@billing-worker-7f9c-abcde").start()
+    try:
+        worker.run("from orders_app import order_created\n"
+                   "for i in range(3): order_created(i, 'ok')\n"
+                   "for i in range(2): order_created(10 + i, 'always')\n"
+                   "order_created(20, 'flaky-once')")
+        pod_name = "billing-worker-7f9c-abcde"
+
+        def settled() -> Samples:
+            found = scrape(operator)
+            assert value(found, "celery_task_failed_total", task=TASK, worker=pod_name, exception="KeyError") == 2
+            assert value(found, "celery_task_succeeded_total", task=TASK, worker=pod_name) == 4
+            return found
+        found = eventually(settled, timeout=30, message="the events did not add up")
+    finally:
+        worker.stop()
+    # Publishes: 3 ok + 2 always-failing (fired, retry copy, archive copy) + 1 flaky (fired, retry copy).
+    assert value(found, "celery_task_sent_total", task=TASK, worker="generic") == 11
+    assert value(found, "celery_task_received_total", task=TASK, worker=pod_name) == 9
+    assert value(found, "celery_task_started_total", task=TASK, worker=pod_name) == 9
+    assert value(found, "celery_task_retried_total", task=TASK, worker=pod_name, exception="KeyError") == 2
+    assert value(found, "celery_task_retried_total", task=TASK, worker=pod_name, exception="ValueError") == 1
+    assert value(found, "celery_task_runtime_seconds_count", task=TASK, worker=pod_name) == 4
+    assert value(found, "celery_task_runtime_seconds_bucket", task=TASK, worker=pod_name, le="+Inf") == 4
+    assert value(found, "celery_worker_up", worker=pod_name) == 1
+    assert value(found, "celery_queue_length", queue="billing.orders.order.created", role="events") == 0
+    assert ("celery_queue_length", (("queue", "billing:archived"), ("role", "archive"))) in found
+
+
+def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(
+        kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str) -> None:
+    def pod(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": {"celeryevents.io/service": "billing"}},
+                "spec": {"containers": [{"name": "worker", "image": "w"}]}}
+
+    previous: list[str] = []
+    for rollout in range(20):
+        current = [f"worker-{rollout}-{index}" for index in range(10)]
+        for name in current:
+            kube_api.client.create(PODS, pod(name))
+        publish_events(test_vhost_url, *(heartbeat(name) for name in current))
+        for name in previous:
+            kube_api.client.delete(f"{PODS}/{name}")
+        previous = current
+    eventually(lambda: workers_in(scrape(operator)) == set(previous), timeout=10,
+               message="series of deleted pods stayed")
+
+    victim = previous[0]
+    kube_api.client.delete(f"{PODS}/{victim}")
+    eventually(lambda: victim not in workers_in(scrape(operator)), timeout=1.0, interval=0.05,
+               message="the deleted pod's series outlived a second")
+    publish_events(test_vhost_url, {"type": "worker-offline", "hostname": f"celery@{victim}", "timestamp": 2.0})
+    eventually(lambda: value(scrape(operator), "celery_event_operator_events_consumed_total") >= 201, timeout=5)
+    assert victim not in workers_in(scrape(operator)), "a late event does not bring the series back"
+
+
+def test_garbage_is_counted_and_metrics_stay_correct(kube_api: EmulatedApi, operator: OperatorProcess,
+                                                     test_vhost_url: str) -> None:
+    publish_events(test_vhost_url, b"\x00\x01\x02", b'{"hostname": "celery@x"}', b"[1, 2]",
+                   {"type": "task-received", "hostname": "celery@pod-a", "uuid": "u1", "name": "n",
+                    "args": "x" * 100_000},
+                   {"type": "task-received", "hostname": "celery@pod-a", "uuid": "u2", "name": "n"})
+    found = eventually(lambda: value(scrape(operator), "celery_task_received_total", task="n", worker="pod-a") == 1
+                       and scrape(operator), timeout=10)
+    # not JSON, no type, a batch of two non-events, one huge event
+    assert value(found, "celery_event_operator_events_malformed_total") == 5
+    assert operator.alive()
+
+
+def test_deleting_the_service_removes_its_series(kube_api: EmulatedApi, operator: OperatorProcess,
+                                                 test_vhost_url: str) -> None:
+    publish_events(test_vhost_url, heartbeat("pod-z"))
+    eventually(lambda: "pod-z" in workers_in(scrape(operator)), timeout=10)
+    kube_api.client.delete(f"{CES}/billing")
+    eventually(lambda: scrape(operator) == {}, timeout=15, message="the deleted service's series stayed")

@@ -1,0 +1,139 @@
+"""Queue lengths in status and autoscaling, with the real operator, RabbitMQ and the emulated API."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import amqp
+import pytest
+import yaml
+from kombu.connection import Connection
+
+from tests.conftest import REPO, create_broker_secret
+from tests.support.kube import EmulatedApi, eventually
+from tests.support.operator_process import OperatorProcess, free_port
+from tests.support.private_broker import PrivateRabbit
+from tests.support.waiting import stays
+
+CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
+DEPLOYMENT = "/apis/apps/v1/namespaces/default/deployments/billing-worker"
+QUEUE = "billing.orders.order.created"
+WINDOW = 4
+
+
+def service(**autoscaling: Any) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    body["spec"]["statusIntervalSeconds"] = 1
+    body["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 10, "messagesPerReplica": 100,
+                                   "scaleDownStabilizationSeconds": WINDOW, **autoscaling}
+    return body
+
+
+def replicas(api: EmulatedApi) -> int:
+    count: int = api.client.get(DEPLOYMENT)["spec"]["replicas"]
+    return count
+
+
+def publish(url: str, count: int) -> None:
+    with Connection(url) as connection:
+        channel = connection.channel()
+        for index in range(count):
+            channel.basic_publish(amqp.Message(f"event {index}"), exchange="events", routing_key="orders.order.created")
+
+
+def purge(url: str) -> None:
+    with Connection(url) as connection:
+        connection.channel().queue_purge(QUEUE)
+
+
+@pytest.fixture
+def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path,
+             request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
+    kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
+    process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
+    yield process
+    process.stop()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(f"--- operator log ---\n{process.log()[-20000:]}")
+
+
+def test_backlog_scales_up_holds_through_the_window_then_down(
+        kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str) -> None:
+    create_broker_secret(kube_api, test_vhost_url)
+    kube_api.client.create(CES, service())
+    eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("queueLength") == 0, timeout=20)
+    eventually(lambda: replicas(kube_api) == 1, timeout=10, message="an idle service did not go to minReplicas")
+
+    publish(test_vhost_url, 500)
+    published = time.monotonic()
+    eventually(lambda: replicas(kube_api) == 5, timeout=5, message="500 messages did not make 5 workers")
+    assert time.monotonic() - published < 3, "within about one interval"
+    status = kube_api.client.get(CES + "/billing")["status"]
+    assert (status["queueLength"], status["desiredReplicas"]) == (500, 5)
+    assert status["selector"] == "celeryevents.io/service=billing"
+    assert status["lastScaleTime"]
+    assert kube_api.kubectl("get", "ces").stdout.splitlines()[1].split()[2] == "500"
+
+    purge(test_vhost_url)
+    drained = time.monotonic()
+    eventually(lambda: kube_api.client.get(CES + "/billing")["status"]["queueLength"] == 0, timeout=5)
+    stays(lambda: replicas(kube_api) == 5, seconds=WINDOW - 1.5 - (time.monotonic() - drained),
+          message="scaled down inside the stabilization window")
+    eventually(lambda: replicas(kube_api) == 1, timeout=WINDOW + 4, message="never scaled down after the window")
+    scaled = [e["message"] for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]
+              if e.get("reason") == "Scaled"]
+    assert any("from 1 to 5" in message for message in scaled)
+    assert any("from 5 to 1" in message for message in scaled)
+
+
+def test_scale_to_zero_and_back_above_the_activation_threshold(
+        kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str) -> None:
+    create_broker_secret(kube_api, test_vhost_url)
+    kube_api.client.create(CES, service(minReplicas=0, activationQueueLength=10, scaleDownStabilizationSeconds=0))
+    eventually(lambda: replicas(kube_api) == 0, timeout=20, message="an idle service did not go to zero")
+    publish(test_vhost_url, 5)
+    eventually(lambda: kube_api.client.get(CES + "/billing")["status"].get("queueLength") == 5, timeout=5)
+    stays(lambda: replicas(kube_api) == 0, seconds=2,
+          message="5 messages woke the service, though not above the activation threshold of 10")
+    publish(test_vhost_url, 10)
+    eventually(lambda: replicas(kube_api) == 1, timeout=5, message="15 messages did not wake the service")
+
+
+def test_replicas_from_the_scale_subresource_without_autoscaling(
+        kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str) -> None:
+    create_broker_secret(kube_api, test_vhost_url)
+    body = service(enabled=False)
+    kube_api.client.create(CES, body)
+    eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("selector"), timeout=20)
+    assert replicas(kube_api) == 2, "without spec.workers.replicas the workload is left alone"
+    kube_api.kubectl("scale", "ces", "billing", "--replicas=3")
+    eventually(lambda: replicas(kube_api) == 3, timeout=5, message="kubectl scale ces did not reach the workers")
+
+
+def test_broker_outage_leaves_replicas_alone(kube_api: EmulatedApi, operator: OperatorProcess,
+                                             private_rabbit: PrivateRabbit) -> None:
+    create_broker_secret(kube_api, private_rabbit.url)
+    body = service()
+    # The private node has no management API; the derived URL (its host, port 15672) would reach the
+    # shared broker's. Point it nowhere: ready counts only.
+    body["spec"]["broker"]["managementURL"] = f"http://127.0.0.1:{free_port()}"
+    kube_api.client.create(CES, body)
+    eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("queueLength") == 0, timeout=30)
+    publish(private_rabbit.url, 300)
+    eventually(lambda: replicas(kube_api) == 3, timeout=20)
+
+    private_rabbit.stop()
+
+    def broker_condition() -> dict[str, Any]:
+        status = kube_api.client.get(CES + "/billing").get("status") or {}
+        return next((c for c in status.get("conditions", []) if c["type"] == "BrokerReachable"), {})
+    down = eventually(lambda: broker_condition().get("status") == "False" and broker_condition(), timeout=30)
+    assert down["reason"] == "BrokerUnreachable"
+    # Longer than the window: with a "0" from missing data it would scale down.
+    stays(lambda: replicas(kube_api) == 3, seconds=WINDOW + 2, message="scaled on missing data")
+    reasons = [e.get("reason") for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]]
+    assert "ScalingPaused" in reasons

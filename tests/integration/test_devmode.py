@@ -1,0 +1,69 @@
+"""The README's first command: the operator with the sample on an embedded API, usable with kubectl."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import urllib.request
+
+from tests.conftest import REPO
+from tests.support.kube import eventually
+from tests.support.operator_process import free_port
+
+
+def kubectl(kubeconfig: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args],
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str) -> None:
+    state = tmp_path / "state"
+    metrics_port = free_port()
+    log = (tmp_path / "dev.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery_event_operator.cli", "dev", "--api-port", "0",
+         "--state-dir", "state",  # relative, as in the README (but not under the worker's directory)
+         "--example", str(REPO / "examples" / "broker-secret.yaml"),
+         "--example", str(REPO / "examples" / "billing.yaml"), "--liveness", "", "--broker-url", test_vhost_url,
+         "--webhook-port", str(free_port()), "--metrics-port", str(metrics_port)],
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": "/nonexistent"})
+    kubeconfig = state / "kubeconfig"
+    try:
+        eventually(kubeconfig.exists, timeout=30, message="no kubeconfig written")
+
+        def sample_ready() -> list[str]:
+            lines = kubectl(kubeconfig, "get", "ces").stdout.splitlines()
+            assert len(lines) == 2, lines
+            assert lines[1].split()[:2] == ["billing", "True"], lines
+            return lines
+        eventually(sample_ready, timeout=30, message="the sample never showed Ready")
+
+        listing = subprocess.run([sys.executable, "-m", "celery_event_operator.cli", "topology", "billing"],
+                                 capture_output=True, text=True, timeout=60, check=False,
+                                 env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+        assert listing.returncode == 0, listing.stdout + listing.stderr
+        assert "billing.orders.order.created    queue/events" in listing.stdout
+        assert "guest" not in listing.stdout, "no credentials in the listing"
+
+        def live_metrics() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+            except OSError:
+                return False  # not serving yet
+            return 'celery_task_succeeded_total{namespace="default",service_name="billing"' in text
+        eventually(live_metrics, timeout=60, message="no live metrics from the sample worker")
+
+        applied = kubectl(kubeconfig, "apply", "--validate=false", "-f", str(REPO / "examples/shipping-quorum.yaml"))
+        assert applied.returncode == 0, applied.stderr
+        eventually(lambda: "shipping" in kubectl(kubeconfig, "get", "ces").stdout, timeout=30)
+    finally:
+        process.send_signal(signal.SIGINT)
+        exit_code = process.wait(20)
+        log.close()
+    output = (tmp_path / "dev.log").read_text()
+    assert "export KUBECONFIG=" in output
+    assert exit_code == 0, output[-5000:]

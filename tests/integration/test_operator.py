@@ -1,0 +1,116 @@
+"""The real operator process (`kopf run` with our handlers) against the emulated Kubernetes API."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from celery_event_operator.api import crd
+from tests.conftest import REPO, create_broker_secret
+from tests.support.kube import ApiError, EmulatedApi, eventually
+from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import stays
+
+CES = "/apis/celeryevents.io/v1alpha1/namespaces/{ns}/celeryeventservices"
+
+
+@pytest.fixture(autouse=True)
+def broker_secrets(kube_api: EmulatedApi, test_vhost_url: str) -> None:
+    for namespace in ("default", "shop", "other"):
+        create_broker_secret(kube_api, test_vhost_url, namespace)
+
+
+def sample(namespace: str = "default") -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    body["metadata"]["namespace"] = namespace
+    return body
+
+
+def ready_condition(api: EmulatedApi, name: str = "billing", namespace: str = "default") -> dict[str, Any]:
+    status = api.client.get(f"{CES.format(ns=namespace)}/{name}").get("status") or {}
+    return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+
+
+def test_sample_becomes_ready_and_tracks_generation(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
+    kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing.yaml"))
+    ready = eventually(lambda: ready_condition(kube_api).get("status") == "True" and ready_condition(kube_api),
+                       message="billing never became Ready")
+    assert ready["reason"] == "Reconciled"
+    body = kube_api.client.get(CES.format(ns="default") + "/billing")
+    assert body["status"]["observedGeneration"] == 1
+
+    table = kube_api.kubectl("get", "ces").stdout.splitlines()
+    assert table[0].split() == ["NAME", "READY", "QUEUE", "CONSUMERS", "REPLICAS", "AGE"]
+    assert table[1].split()[:2] == ["billing", "True"]
+
+    kube_api.kubectl("patch", "ces", "billing", "--type=merge", "-p", '{"spec":{"retry":{"maxRetries":3}}}')
+    eventually(lambda: kube_api.client.get(CES.format(ns="default") + "/billing")["status"]
+               .get("observedGeneration") == 2, message="observedGeneration did not follow the spec")
+    assert ready_condition(kube_api)["lastTransitionTime"] == ready["lastTransitionTime"], \
+        "Ready stayed True, so its transition time must not move"
+
+
+def test_status_holds_only_schema_fields(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
+    kube_api.client.create(CES.format(ns="default"), sample())
+    eventually(lambda: ready_condition(kube_api).get("status") == "True")
+    body = kube_api.client.get(CES.format(ns="default") + "/billing")
+    allowed = set(crd.open_api_schema()["properties"]["status"]["properties"])
+    assert set(body["status"]) <= allowed, "kopf's progress and handler results stay out of status"
+    assert any(key.startswith("celeryevents.io/") for key in body["metadata"].get("annotations", {}))
+
+
+def test_invalid_spec_is_reported_without_a_retry_loop(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
+    # The emulated API enforces no schema: exactly a spec that "slipped past" validation.
+    bad = sample()
+    bad["spec"]["retry"] = {"maxRetries": 99}
+    kube_api.client.create(CES.format(ns="default"), bad)
+    ready = eventually(lambda: ready_condition(kube_api).get("reason") == "InvalidSpec" and ready_condition(kube_api),
+                       message="no InvalidSpec condition")
+    assert ready["status"] == "False"
+    assert "maxRetries" in ready["message"]
+
+    events = eventually(lambda: [e for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]
+                                 if e.get("reason") == "InvalidSpec"], message="no InvalidSpec Event")
+    assert events[0]["type"] == "Warning"
+    assert events[0]["involvedObject"]["name"] == "billing"
+
+    version = kube_api.client.get(CES.format(ns="default") + "/billing")["metadata"]["resourceVersion"]
+    stays(lambda: kube_api.client.get(CES.format(ns="default") + "/billing")["metadata"]["resourceVersion"]
+          == version, seconds=3, message="a retry loop kept patching the object")
+    assert operator.alive()
+
+    kube_api.client.merge_patch(CES.format(ns="default") + "/billing", {"spec": {"retry": {"maxRetries": 5}}})
+    eventually(lambda: ready_condition(kube_api).get("status") == "True", message="fixing the spec did not help")
+
+
+def test_delete_completes_within_seconds(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
+    kube_api.client.create(CES.format(ns="default"), sample())
+    eventually(lambda: ready_condition(kube_api).get("status") == "True")
+    started = time.monotonic()
+    kube_api.kubectl("delete", "ces", "billing", "--wait=false")
+
+    def gone() -> bool:
+        try:
+            kube_api.client.get(CES.format(ns="default") + "/billing")
+        except ApiError as exc:
+            return exc.status == 404
+        return False
+    eventually(gone, timeout=10, message="the resource was not removed")
+    assert time.monotonic() - started < 10
+    assert operator.alive()
+
+
+def test_namespaced_operator_ignores_other_namespaces(
+        kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: Any) -> None:
+    process = OperatorProcess(kube_api.kubeconfig, tmp_path / "ns-operator.log", "--namespace", "shop").start()
+    try:
+        kube_api.client.create(CES.format(ns="shop"), sample("shop"))
+        kube_api.client.create(CES.format(ns="other"), sample("other"))
+        eventually(lambda: ready_condition(kube_api, namespace="shop").get("status") == "True")
+        stays(lambda: ready_condition(kube_api, namespace="other") == {}, seconds=1,
+              message="the operator touched a namespace it does not serve")
+    finally:
+        process.stop()

@@ -1,0 +1,113 @@
+"""The emulated Kubernetes API for tests: served from a background thread, spoken to over HTTP.
+
+Tests talk to it as any client would (HTTP, kubectl), never through its Python objects, so what they
+check is what a real API server would have served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from celery_event_operator.devcluster.emulator import KubeEmulator
+from celery_event_operator.devcluster.server import serve, write_kubeconfig
+from tests.support import waiting
+
+T = TypeVar("T")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status}: {body.get('message')}")
+        self.status = status
+        self.body = body
+
+
+class KubeClient:
+    """Just enough of a Kubernetes client for assertions: raw paths, JSON in and out."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json", accept: str = "application/json") -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.server_url + path, data=data, method=method,
+                                         headers={"Content-Type": content_type, "Accept": accept})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise ApiError(exc.code, json.loads(exc.read() or b"{}")) from None
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs)
+
+    def create(self, path: str, body: Any) -> Any:
+        return self.request("POST", path, body)
+
+    def merge_patch(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, body, content_type="application/merge-patch+json")
+
+    def json_patch(self, path: str, operations: list[dict[str, Any]]) -> Any:
+        return self.request("PATCH", path, operations, content_type="application/json-patch+json")
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+
+class EmulatedApi:
+    """The dev-mode emulator on a free port, in a thread with its own event loop."""
+
+    def __init__(self, kubeconfig: pathlib.Path) -> None:
+        self.kubeconfig = kubeconfig
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self.url = ""
+        self.emulator: KubeEmulator | None = None  # for white-box checks of the adapter only
+        self._thread = threading.Thread(target=self._run, name="kube-emulator", daemon=True)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with serve(port=0) as (emulator, url):
+            self.emulator = emulator
+            self.url = url
+            write_kubeconfig(self.kubeconfig, url)
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> EmulatedApi:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the emulated Kubernetes API did not start")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    @property
+    def client(self) -> KubeClient:
+        return KubeClient(self.url)
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+                              capture_output=True, text=True, timeout=30, check=check)
+
+
+def eventually(probe: Callable[[], T], timeout: float = 10, interval: float = 0.1,
+               message: str = "condition not reached") -> T:
+    """`waiting.eventually`, with API errors (an object not there yet) counting as "not yet"."""
+    return waiting.eventually(probe, timeout, interval, message, retrying=(AssertionError, ApiError))

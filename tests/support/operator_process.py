@@ -1,0 +1,96 @@
+"""The real operator (`celery-event-operator run`, i.e. `kopf run` with our handlers) as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.request
+from typing import Any
+
+from celery_event_operator import certs
+from tests.support import waiting
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: pathlib.Path, log_path: pathlib.Path, *extra_args: str,
+                 resync_seconds: float = 2.0) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
+        # The admission webhook on a free port, with a certificate the tests can verify it by.
+        self.webhook_port = free_port()
+        self.webhook_cert, webhook_key = certs.self_signed(log_path.parent / f"webhook-{self.webhook_port}",
+                                                           ["127.0.0.1"])
+        self.metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.extra_args = (*extra_args, "--resync-seconds", str(resync_seconds),
+                           "--metrics-port", str(self.metrics_port), "--metrics-addr", "127.0.0.1",
+                           "--webhook-port", str(self.webhook_port), "--webhook-addr", "127.0.0.1",
+                           "--webhook-cert", str(self.webhook_cert), "--webhook-key", str(webhook_key))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery_event_operator.cli", "run", "--verbose",
+             "--liveness", self.liveness_url, *self.extra_args],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+        def serving() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"the operator exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.liveness_url, timeout=1):
+                    return True
+            except OSError:
+                return False
+        waiting.eventually(serving, timeout=30, interval=0.2,
+                           message=f"the operator's liveness endpoint never answered:\n{self.log()}")
+        return self
+
+    def admit(self, review: dict[str, Any]) -> dict[str, Any]:
+        """POST an AdmissionReview to the webhook over HTTPS, as the API server does."""
+        context = ssl.create_default_context(cafile=str(self.webhook_cert))
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{self.webhook_port}/inject-celery-settings", data=json.dumps(review).encode(),
+            headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text: str = response.read().decode()
+            return text
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # kopf's graceful stop
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self._log.close()

@@ -1,0 +1,80 @@
+"""A RabbitMQ node of a test's own, for tests that stop or restart a broker.
+
+It has its own node name, ports, config, data and log directories, so stopping it never touches the
+shared broker other tests and CI use. Debian's wrapper runs the server as the `rabbitmq` user, so
+the directories belong to that user. The machine's rabbitmq.conf names the shared node's listener,
+so the node gets a config file of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import secrets
+import shutil
+import socket
+import subprocess
+
+from tests.support import waiting
+from tests.support.operator_process import free_port
+
+
+class PrivateRabbit:
+    def __init__(self, base: pathlib.Path) -> None:
+        self.base = base
+        self.name = f"ceo-private-{secrets.token_hex(3)}@localhost"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq.conf"),
+            "RABBITMQ_MNESIA_BASE": str(self.base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.base / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(self.base / "node.pid"),
+        }
+
+    def _prepare(self) -> None:
+        for directory in ("mnesia", "log"):
+            (self.base / directory).mkdir(parents=True, exist_ok=True)
+        (self.base / "rabbitmq.conf").write_text(
+            f"listeners.tcp.local = 127.0.0.1:{self.port}\nloopback_users = none\n")
+        (self.base / "enabled_plugins").write_text("[].\n")
+        shutil.chown(self.base, "rabbitmq", "rabbitmq")
+        for path in self.base.rglob("*"):
+            shutil.chown(path, "rabbitmq", "rabbitmq")
+
+    def _accepts(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    def start(self, timeout: float = 90) -> PrivateRabbit:
+        if shutil.which("rabbitmq-server") is None:
+            raise RuntimeError("rabbitmq-server is not installed (./dev setup installs it)")
+        self._prepare()
+        subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True, timeout=60,
+                       capture_output=True)
+        waiting.eventually(self._accepts, timeout=timeout, interval=0.5,
+                           message=f"the private RabbitMQ node did not start; see {self.base / 'log'}")
+        return self
+
+    def stop(self, timeout: float = 60) -> None:
+        subprocess.run(["rabbitmqctl", "-n", self.name, "stop"], env=self._env(), check=False, timeout=timeout,
+                       capture_output=True)
+        # Best effort, as before: a node that lingers past the deadline is left to its own stop.
+        with contextlib.suppress(AssertionError):
+            waiting.eventually(lambda: not self._accepts(), timeout=timeout, interval=0.2)
+
+    def wipe(self) -> None:
+        """Forget every queue and exchange, as a replaced broker would (only while stopped)."""
+        shutil.rmtree(self.base / "mnesia")

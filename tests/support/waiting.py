@@ -1,0 +1,39 @@
+"""Waiting on conditions with deadlines: the one place tests poll (no bare sleeps elsewhere)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T], timeout: float = 10, interval: float = 0.1,
+               message: str = "condition not reached",
+               retrying: tuple[type[BaseException], ...] = (AssertionError,)) -> T:
+    """Poll until `probe` returns a truthy value (returned); exceptions in `retrying` count as "not yet"."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = probe()
+            if result:
+                return result
+        except retrying as exc:
+            last_error = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{message} within {timeout}s; last: {last_error!r}")
+        time.sleep(interval)
+
+
+def stays(probe: Callable[[], object], seconds: float, interval: float = 0.1,
+          message: str = "condition broke") -> None:
+    """Check that `probe` holds throughout `seconds` (something must *not* happen); fails at once when not."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if not probe():
+            raise AssertionError(f"{message} before {seconds}s passed")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)

@@ -1,0 +1,79 @@
+"""Real Celery worker processes started from what the webhook injected into a pod.
+
+No kubelet runs here, so `as_kubelet_would` stands in for it (the one mocked part; see
+devcluster/kubelet.py): the container's env with `secretKeyRef`s read from the API, and the ConfigMap
+volume written to a directory that stands in for the mount path.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from celery_event_operator.devcluster import kubelet
+from tests.support import waiting
+from tests.support.kube import KubeClient
+
+
+def as_kubelet_would(pod: dict[str, Any], client: KubeClient, mount_root: pathlib.Path) -> dict[str, str]:
+    def read_secret(namespace: str, name: str, key: str) -> str:
+        data = client.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")["data"]
+        return base64.b64decode(data[key]).decode()
+
+    def read_configmap(namespace: str, name: str) -> dict[str, str]:
+        configmap: dict[str, str] = client.get(f"/api/v1/namespaces/{namespace}/configmaps/{name}")["data"]
+        return configmap
+
+    return kubelet.container_environment(pod, read_secret, read_configmap, mount_root)
+
+
+class Worker:
+    """`celery -A <module> worker` in `app_dir`, with exactly the given env (plus PATH/HOME)."""
+
+    def __init__(self, app_dir: pathlib.Path, module: str, env: dict[str, str], log_path: pathlib.Path,
+                 *options: str) -> None:
+        self.app_dir = app_dir
+        self.env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
+        self.command = [sys.executable, "-m", "celery", "-A", module, "worker", "--loglevel=INFO", *options]
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> Worker:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(self.command, cwd=self.app_dir, env=self.env, stdout=log,
+                                        stderr=subprocess.STDOUT)
+        started_at = self.log_path.stat().st_size
+
+        def ready() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the worker exited:\n{self.log()[-5000:]}")
+            return " ready." in self.log_path.read_text(errors="replace")[started_at:]
+        waiting.eventually(ready, timeout=timeout, interval=0.2, message="the worker did not get ready")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def run(self, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Python code in the same environment and directory (a producer, an inspection)."""
+        return subprocess.run([sys.executable, "-c", code], cwd=self.app_dir, env=self.env, capture_output=True,
+                              text=True, timeout=timeout, check=True)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # warm shutdown
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,23 @@
+"""The package stays `ruff` clean and `mypy --strict` clean: checked with every test run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def run(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def test_ruff() -> None:
+    result = run("ruff", "check", "operator", "tests", "e2e", "bench")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict() -> None:
+    result = run("mypy")  # configured in pyproject.toml: strict, on the package
+    assert result.returncode == 0, result.stdout + result.stderr

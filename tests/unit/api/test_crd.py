@@ -1,0 +1,82 @@
+"""The CRD rendered from the models: structural, complete, and identical to the committed one."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+
+from celery_event_operator import cli
+from celery_event_operator.api import crd, models
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+
+
+def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    nodes = [(path, node)]
+    for name, child in node.get("properties", {}).items():
+        nodes += _walk(child, f"{path}.{name}")
+    if "items" in node:
+        nodes += _walk(node["items"], f"{path}[]")
+    return nodes
+
+
+@pytest.mark.parametrize("directory", cli.CRD_OUTPUT_DIRS)
+def test_committed_crd_matches_the_models(directory: str) -> None:
+    committed = (REPO / directory / crd.CRD_FILE_NAME).read_text()
+    assert committed == crd.render_yaml(), f"{directory} is stale: run `celery-event-operator crd`"
+
+
+def test_crd_check_fails_when_a_model_changed_without_rendering(tmp_path: pathlib.Path) -> None:
+    stale = crd.render_yaml().replace("maximum: 20", "maximum: 30")
+    (tmp_path / crd.CRD_FILE_NAME).write_text(stale)
+    assert cli.main(["crd", "--check", "--output-dir", str(tmp_path)]) == 1
+    assert cli.main(["crd", "--output-dir", str(tmp_path)]) == 0
+    assert cli.main(["crd", "--check", "--output-dir", str(tmp_path)]) == 0
+
+
+def test_schema_is_structural() -> None:
+    schema = crd.open_api_schema()
+    for path, node in _walk(schema):
+        assert "type" in node, f"{path or '<root>'} has no type"
+        forbidden = {"$ref", "anyOf", "oneOf", "allOf", "nullable", "title", "$defs"} & set(node)
+        assert not forbidden, f"{path} carries {forbidden}"
+
+
+@pytest.mark.parametrize(("path", "keyword", "value"), [
+    pytest.param(".spec.retry.maxRetries", "maximum", models.MAX_RETRIES_CAP, id="retry-cap"),
+    pytest.param(".spec.retry.maxRetries", "default", 10, id="retry-default-as-celery-amqp-events"),
+    pytest.param(".spec.archive.messageTTLSeconds", "default", 604800, id="archive-ttl-7-days"),
+    pytest.param(".spec.archive.maxLength", "default", 10000, id="archive-length"),
+    pytest.param(".spec.queueType", "enum", ["classic", "quorum"], id="queue-types"),
+    pytest.param(".spec.serviceName", "pattern", models.SERVICE_NAME_PATTERN, id="service-name-pattern"),
+    pytest.param(".spec.events.handlers[].name", "pattern", models.EVENT_NAME_PATTERN, id="event-name-pattern"),
+    pytest.param(".spec.events.handlers", "x-kubernetes-list-type", "map", id="handlers-keyed-by-name"),
+])
+def test_schema_carries_constraints(path: str, keyword: str, value: Any) -> None:
+    nodes = dict(_walk(crd.open_api_schema()))
+    assert nodes[path][keyword] == value
+
+
+def test_crd_identity_subresources_and_columns() -> None:
+    body = crd.custom_resource_definition()
+    spec = body["spec"]
+    assert body["metadata"]["name"] == "celeryeventservices.celeryevents.io"
+    assert spec["names"]["shortNames"] == ["ces", "celeryevents"]
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.workers.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    assert "status" in version["subresources"]
+    default_columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert default_columns == ["Ready", "Queue", "Consumers", "Replicas", "Age"]
+
+
+def test_status_schema_has_no_phase_and_conditions_by_type() -> None:
+    status = crd.open_api_schema()["properties"]["status"]
+    assert "phase" not in status["properties"]
+    assert status["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]

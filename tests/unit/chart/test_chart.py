@@ -1,0 +1,179 @@
+"""The chart, rendered offline by the real Helm engine (helm-python-sdk) and checked against the
+Kubernetes schemas (kubernetes-validate, strict) of the oldest and newest supported versions."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from celery_event_operator.api import crd
+from celery_event_operator.kubeapi import API_CALLS
+from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
+from tests.conftest import REPO
+
+CHART = REPO / "charts" / "celery-event-operator"
+KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")  # the chart's kubeVersion floor, and the newest schemas here
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    rendered = helm.Chart.load(CHART).render(values, name="ceo", namespace="operators", is_install=True)
+    return [doc for text in rendered.values() for doc in yaml.safe_load_all(text) if doc]
+
+
+# No built-in schemas for these kinds (cert-manager's and the Prometheus Operator's).
+CUSTOM_RESOURCE_KINDS = {"CustomResourceDefinition", "Certificate", "Issuer", "ServiceMonitor", "PrometheusRule"}
+VALUE_SETS = [
+    pytest.param({}, id="defaults"),
+    pytest.param({"webhook": {"certManager": {"enabled": True}}}, id="cert-manager"),
+    pytest.param({"webhook": {"existingCertSecret": "my-tls", "caBundle": "Y2E="}}, id="existing-certificate"),
+    pytest.param({"webhook": {"enabled": False}}, id="no-webhook"),
+    pytest.param({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                              "prometheusRule": {"enabled": True}}}, id="service-monitor-and-rules"),
+    pytest.param({"watchNamespaces": ["shop", "billing"]}, id="namespaced"),
+    pytest.param({"crds": {"enabled": False}}, id="no-crds"),
+    pytest.param({"verbose": True, "image": {"repository": "registry.local/ceo", "tag": "dev"},
+                  "serviceAccount": {"create": False, "name": "existing"}}, id="custom"),
+]
+
+
+def test_lint_is_clean() -> None:
+    result = helm.lint(str(CHART), strict=True)
+    assert result["errors"] == []
+    assert [m for m in result["messages"] if m["severity"] > 1] == []
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_rendered_manifests_are_valid(values: dict[str, Any], kubernetes_version: str) -> None:
+    for document in render(values):
+        if document["kind"] in CUSTOM_RESOURCE_KINDS:
+            continue  # the CRD is checked against our models; cert-manager's kinds have no schemas here
+        kubernetes_validate.validate(document, kubernetes_version, strict=True)
+
+
+def test_crd_equals_the_repository_crd_and_is_kept() -> None:
+    [chart_crd] = [d for d in render({}) if d["kind"] == "CustomResourceDefinition"]
+    annotations = chart_crd["metadata"].pop("annotations")
+    assert annotations == {"helm.sh/resource-policy": "keep"}
+    assert chart_crd == crd.custom_resource_definition()
+    assert not [d for d in render({"crds": {"enabled": False}}) if d["kind"] == "CustomResourceDefinition"]
+    [unkept] = [d for d in render({"crds": {"keep": False}}) if d["kind"] == "CustomResourceDefinition"]
+    assert "annotations" not in unkept["metadata"]
+
+
+def test_namespaced_install_binds_roles_per_namespace() -> None:
+    documents = render({"watchNamespaces": ["shop", "billing"]})
+    kinds = {(d["kind"], d["metadata"].get("namespace")) for d in documents}
+    assert ("Role", "shop") in kinds
+    assert ("RoleBinding", "billing") in kinds
+    assert not {kind for kind, _ in kinds} & {"ClusterRole", "ClusterRoleBinding"}
+    [deployment] = [d for d in documents if d["kind"] == "Deployment"]
+    assert {"--namespace=shop", "--namespace=billing"} <= set(deployment["spec"]["template"]["spec"]
+                                                                ["containers"][0]["args"])
+
+
+def test_operator_pod_is_hardened() -> None:
+    [deployment] = [d for d in render({}) if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+@pytest.mark.parametrize("values", [
+    pytest.param({"unknownKey": 1}, id="unknown-top-level-key"),
+    pytest.param({"crds": {"enable": True}}, id="misspelt-nested-key"),
+    pytest.param({"watchNamespaces": ["Not_A_Namespace"]}, id="bad-namespace"),
+    pytest.param({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, id="bad-pull-policy"),
+])
+def test_bad_values_are_rejected_by_the_schema(values: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmError):
+        render(values)
+
+
+def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+               for rule in rules)
+
+
+@pytest.mark.parametrize("values", [pytest.param({}, id="cluster-wide"),
+                                    pytest.param({"watchNamespaces": ["shop"]}, id="namespaced")])
+@pytest.mark.parametrize(("group", "resource", "verb"), API_CALLS)
+def test_rbac_covers_every_api_call(values: dict[str, Any], group: str, resource: str, verb: str) -> None:
+    roles = [d for d in render(values) if d["kind"] in ("ClusterRole", "Role")]
+    assert roles
+    for role in roles:
+        assert _allows(role["rules"], group, resource, verb), f"{role['kind']} lacks {verb} {group}/{resource}"
+
+
+def test_rbac_grants_nothing_broad() -> None:
+    [role] = [d for d in render({}) if d["kind"] == "ClusterRole"]
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+        if "secrets" in rule["resources"]:
+            assert rule["verbs"] == ["get"], "Secrets are read by name, never listed or watched"
+
+
+def test_webhook_never_blocks_pod_creation() -> None:
+    documents = render({"watchNamespaces": ["shop"]})
+    [configuration] = [d for d in documents if d["kind"] == "MutatingWebhookConfiguration"]
+    [webhook] = configuration["webhooks"]
+    assert webhook["failurePolicy"] == "Ignore"
+    assert webhook["timeoutSeconds"] <= 10
+    assert webhook["objectSelector"] == {"matchExpressions": [
+        {"key": "celeryevents.io/service", "operator": "Exists"}]}
+    assert webhook["namespaceSelector"]["matchExpressions"][0]["values"] == ["shop"]
+    assert webhook["rules"][0]["operations"] == ["CREATE"]
+    assert webhook["clientConfig"]["service"]["path"] == "/inject-celery-settings"
+    assert webhook["clientConfig"]["caBundle"], "the generated CA is handed to the API server"
+    [secret] = [d for d in documents if d["kind"] == "Secret"]
+    assert secret["type"] == "kubernetes.io/tls"
+
+
+def test_webhook_certificate_from_cert_manager() -> None:
+    documents = render({"webhook": {"certManager": {"enabled": True}}})
+    kinds = {d["kind"] for d in documents}
+    assert {"Certificate", "Issuer"} <= kinds
+    assert "Secret" not in kinds, "cert-manager writes the Secret"
+    [configuration] = [d for d in documents if d["kind"] == "MutatingWebhookConfiguration"]
+    assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+        "operators/ceo-celery-event-operator-webhook"
+    assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
+
+
+def test_webhook_disabled_renders_none_of_it() -> None:
+    documents = render({"webhook": {"enabled": False}})
+    assert not {d["kind"] for d in documents} & {"MutatingWebhookConfiguration", "Secret"}
+    assert [d["metadata"]["name"] for d in documents if d["kind"] == "Service"] == ["ceo-celery-event-operator-metrics"]
+    [deployment] = [d for d in documents if d["kind"] == "Deployment"]
+    assert "--webhook-port=0" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_service_monitor_scrapes_the_metrics_port() -> None:
+    documents = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}}})
+    [monitor] = [d for d in documents if d["kind"] == "ServiceMonitor"]
+    [service] = [d for d in documents if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics")]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert not [d for d in render({}) if d["kind"] in ("ServiceMonitor", "PrometheusRule")], "both are opt-in"
+
+
+def test_alert_rules_use_metrics_the_operator_exports() -> None:
+    [rule] = [d for d in render({"metrics": {"prometheusRule": {"enabled": True}}}) if d["kind"] == "PrometheusRule"]
+    alerts = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
+    assert set(alerts) == {"CeleryArchiveFillingUp", "CeleryTaskFailureRate", "CeleryQueueWithoutConsumers",
+                           "CeleryEventOperatorReconcileFailures"}
+    registry = MetricsRegistry()
+    families = list(EventsCollector(registry).collect())
+    exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
+    used = set(re.findall(r"\b(celery_[a-z_]+)", " ".join(alerts.values())))
+    assert used <= exported, f"alerts on metrics nobody exports: {used - exported}"

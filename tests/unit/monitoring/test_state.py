@@ -1,0 +1,144 @@
+"""Celery events into metrics state, the Collector's view, and garbage collection (pure)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_event_operator.monitoring import state
+from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
+
+
+def event(kind: str, worker: str = "pod-a", **fields: Any) -> dict[str, Any]:
+    return {"type": kind, "hostname": f"celery@{worker}", "timestamp": 1.0, **fields}
+
+
+def samples(registry: MetricsRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    collector_registry = CollectorRegistry()
+    collector_registry.register(EventsCollector(registry))
+    text = generate_latest(collector_registry).decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def value(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    wanted = {"namespace": "shop", "service_name": "billing", **labels}
+    return found[(name, tuple(sorted(wanted.items())))]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("KeyError('sku')", "KeyError"), ("ValueError: bad", "ValueError"),
+    ("app.errors.PaymentDeclined('card')", "PaymentDeclined"), ("", "Exception"),
+    ("Retry(Retry(...), KeyError('always fails'), 0)", "KeyError"), ("Retry in 0s: ValueError('x')", "ValueError"),
+])
+def test_exception_class(text: str, expected: str) -> None:
+    assert state.exception_class(text) == expected
+
+
+def test_task_lifecycle_counters_histogram_and_names_from_the_lru() -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    for item in [event("task-sent", "producer-x", uuid="t1", name="orders.created"),
+                 event("task-received", uuid="t1", name="orders.created"),
+                 event("task-started", uuid="t1"),  # no name: found by uuid
+                 event("task-succeeded", uuid="t1", runtime=0.3),
+                 event("task-received", uuid="t2", name="orders.created"),
+                 event("task-started", uuid="t2"),
+                 event("task-retried", uuid="t2", exception="KeyError('sku')"),
+                 event("task-received", uuid="t2", name="orders.created"),
+                 event("task-failed", uuid="t2", exception="ValueError('no')")]:
+        metrics.ingest_message(json.dumps(item).encode(), now=10.0)
+    found = samples(registry)
+    task = {"task": "orders.created"}
+    assert value(found, "celery_task_sent_total", worker="generic", **task) == 1
+    assert value(found, "celery_task_received_total", worker="pod-a", **task) == 3
+    assert value(found, "celery_task_started_total", worker="pod-a", **task) == 2
+    assert value(found, "celery_task_succeeded_total", worker="pod-a", **task) == 1
+    assert value(found, "celery_task_retried_total", worker="pod-a", exception="KeyError", **task) == 1
+    assert value(found, "celery_task_failed_total", worker="pod-a", exception="ValueError", **task) == 1
+    assert value(found, "celery_task_runtime_seconds_bucket", worker="pod-a", le="0.25", **task) == 0
+    assert value(found, "celery_task_runtime_seconds_bucket", worker="pod-a", le="0.5", **task) == 1
+    assert value(found, "celery_task_runtime_seconds_count", worker="pod-a", **task) == 1
+    assert value(found, "celery_task_runtime_seconds_sum", worker="pod-a", **task) == pytest.approx(0.3)
+    assert value(found, "celery_event_operator_events_consumed_total") == 9
+
+
+def test_workers_up_active_and_offline() -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    metrics.ingest(event("worker-online"), 1.0)
+    metrics.ingest(event("worker-heartbeat", active=3), 2.0)
+    assert value(samples(registry), "celery_worker_tasks_active", worker="pod-a") == 3
+    metrics.ingest(event("worker-offline"), 3.0)
+    found = samples(registry)
+    assert value(found, "celery_worker_up", worker="pod-a") == 0
+    assert value(found, "celery_worker_tasks_active", worker="pod-a") == 0
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(b"\x00\x01 not json", id="not-json"),
+    pytest.param(b'{"hostname": "celery@x"}', id="no-type"),
+    pytest.param(b'["just", "strings"]', id="list-of-garbage"),
+    pytest.param(json.dumps(event("task-received", args="x" * state.MAX_EVENT_BYTES)).encode(), id="huge"),
+    pytest.param(b'{"type": 3, "hostname": "celery@x"}', id="wrong-types"),
+])
+def test_malformed_messages_are_counted_and_skipped(body: bytes) -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    metrics.ingest_message(body, 1.0)
+    assert metrics.malformed >= 1
+    assert metrics.counters == {}
+    metrics.ingest_message(json.dumps(event("task-received", uuid="t", name="n")).encode(), 1.0)
+    assert metrics.counters == {("received", "n", "pod-a", ""): 1}
+
+
+def test_batched_events_and_unknown_types() -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    metrics.ingest_message(json.dumps([event("task-received", uuid="a", name="n"),
+                                       event("task-custom"), event("something-else")]).encode(), 1.0)
+    assert metrics.counters == {("received", "n", "pod-a", ""): 1}
+    assert metrics.dropped == 2
+
+
+def test_forget_worker_removes_every_series_and_ignores_late_events() -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    for worker in ("pod-a", "pod-b"):
+        metrics.ingest(event("worker-heartbeat", worker, active=1), 1.0)
+        metrics.ingest(event("task-received", worker, uuid=worker, name="n"), 1.0)
+        metrics.ingest(event("task-succeeded", worker, uuid=worker, runtime=0.01), 1.0)
+    metrics.forget_worker("pod-a", 2.0)
+    metrics.ingest(event("worker-offline", "pod-a"), 3.0)  # its last words arrive after the deletion
+    workers = {dict(labels).get("worker") for (_, labels) in samples(registry)} - {None}
+    assert workers == {"pod-b"}
+
+
+def test_sweep_keeps_live_pods_and_recently_heard_workers() -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    metrics.ingest(event("worker-heartbeat", "live-pod"), 0.0)
+    metrics.ingest(event("worker-heartbeat", "laptop-worker"), 90.0)
+    metrics.ingest(event("worker-heartbeat", "vanished-pod"), 0.0)
+    metrics.ingest(event("task-sent", "producer", uuid="u", name="n"), 0.0)
+    assert metrics.sweep(["live-pod"], now=100.0, silence_seconds=60.0) == ["vanished-pod"]
+    assert set(metrics.worker_up) == {"live-pod", "laptop-worker"}
+    assert ("sent", "n", "generic", "") in metrics.counters, "producers are no workers to sweep"
+
+
+def test_task_name_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state, "TASK_NAMES_KEPT", 3)
+    metrics = state.ServiceMetrics("shop", "billing")
+    for index in range(10):
+        metrics.ingest(event("task-received", uuid=f"t{index}", name="n"), 1.0)
+    assert len(metrics._task_names) == 3
+    metrics.ingest(event("task-started", uuid="t0"), 1.0)
+    assert ("started", "unknown", "pod-a", "") in metrics.counters
+
+
+def test_removing_a_service_removes_its_series() -> None:
+    registry = MetricsRegistry()
+    registry.service("shop", "billing").ingest(event("worker-heartbeat"), 1.0)
+    registry.remove("shop", "billing")
+    assert not [key for key in samples(registry) if dict(key[1]).get("service_name") == "billing"]
