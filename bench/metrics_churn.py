@@ -1,0 +1,115 @@
+"""Benchmark: metric series under pod churn, with the real operator on the emulated API.
+
+    .venv/bin/python bench/metrics_churn.py [--rollouts 20] [--pods 10]
+
+Each rollout creates a new set of labelled pods, sends their Celery events (heartbeats and task
+events for three task names, two exception classes), and deletes the previous pods through the API.
+After each rollout it prints the series count, the /metrics size and scrape time, and the operator's
+RSS. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import amqp
+from kombu.connection import Connection
+from tests.support import rabbitmq
+from tests.support.kube import EmulatedApi
+from tests.support.operator_process import OperatorProcess
+
+from celery_event_operator.api import crd
+
+CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
+PODS = "/api/v1/namespaces/default/pods"
+
+
+def events_of(worker: str, tasks: int) -> list[dict[str, object]]:
+    events: list[dict[str, object]] = [{"type": "worker-heartbeat", "hostname": f"celery@{worker}", "active": 1}]
+    for index in range(tasks):
+        name = ("orders.created", "orders.cancelled", "refunds")[index % 3]
+        uuid = f"{worker}-{index}"
+        events += [{"type": "task-received", "hostname": f"celery@{worker}", "uuid": uuid, "name": name},
+                   {"type": "task-started", "hostname": f"celery@{worker}", "uuid": uuid}]
+        if index % 5 == 0:
+            events.append({"type": "task-failed", "hostname": f"celery@{worker}", "uuid": uuid,
+                           "exception": ("KeyError('x')", "ValueError('y')")[index % 2]})
+        else:
+            events.append({"type": "task-succeeded", "hostname": f"celery@{worker}", "uuid": uuid,
+                           "runtime": 0.01 * index})
+    return events
+
+
+def rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rollouts", type=int, default=20)
+    parser.add_argument("--pods", type=int, default=10)
+    parser.add_argument("--tasks-per-pod", type=int, default=30)
+    args = parser.parse_args()
+    amqp_url = os.environ.get("AMQP_URL", rabbitmq.DEFAULT_AMQP_URL)
+    management = rabbitmq.Management(amqp_url)
+    vhost = rabbitmq.create_vhost(management, prefix="ceo-bench")
+    url = rabbitmq.url_with_vhost(amqp_url, vhost)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
+    try:
+        with EmulatedApi(workdir / "kubeconfig") as api:
+            api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                              crd.custom_resource_definition())
+            api.client.create("/api/v1/namespaces/default/secrets",
+                              {"metadata": {"name": "rabbitmq"}, "stringData": {"url": url}})
+            operator = OperatorProcess(api.kubeconfig, workdir / "operator.log").start()
+            assert operator.process is not None
+            try:
+                api.client.create(CES, {"apiVersion": "celeryevents.io/v1alpha1", "kind": "CeleryEventService",
+                                        "metadata": {"name": "billing"},
+                                        "spec": {"broker": {"secretRef": {"name": "rabbitmq"}}}})
+                time.sleep(3)  # the consumer starts
+                previous: list[str] = []
+                with Connection(url) as connection:
+                    channel = connection.channel()
+                    for rollout in range(1, args.rollouts + 1):
+                        current = [f"billing-worker-{rollout:02d}-{index}" for index in range(args.pods)]
+                        for name in current:
+                            api.client.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                                "name": name, "labels": {"celeryevents.io/service": "billing"}},
+                                "spec": {"containers": [{"name": "w", "image": "w"}]}})
+                            for event in events_of(name, args.tasks_per_pod):
+                                channel.basic_publish(amqp.Message(json.dumps(event)), "billing:celeryev", "x")
+                        for name in previous:
+                            api.client.delete(f"{PODS}/{name}")
+                        previous = current
+                        time.sleep(1.0)
+                        started = time.perf_counter()
+                        with urllib.request.urlopen(operator.metrics_url, timeout=30) as response:
+                            body = response.read()
+                        scrape = time.perf_counter() - started
+                        series = sum(1 for line in body.decode().splitlines()
+                                     if line.startswith("celery_") and 'service_name="billing"' in line)
+                        size = len(body) / 1024
+                        print(f"rollout {rollout:2d}: {series:5d} series of billing, /metrics {size:6.1f} KiB,"
+                              f" scrape {scrape * 1000:5.1f} ms, operator RSS {rss_mb(operator.process.pid):5.1f} MB")
+            finally:
+                operator.stop()
+    finally:
+        rabbitmq.delete_vhost(management, vhost)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
