@@ -71,18 +71,22 @@ class ServiceMetrics:
     def ingest_message(self, body: bytes | str, now: float) -> None:
         """One AMQP message of the event exchange: an event, or a list of them (batched)."""
         if len(body) > MAX_EVENT_BYTES:
-            self.malformed += 1
+            self.count_malformed()
             return
         try:
             decoded = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            self.malformed += 1
+            self.count_malformed()
             return
         if isinstance(decoded, list):
             for event in decoded:
                 self.ingest(event, now)
         else:
             self.ingest(decoded, now)
+
+    def count_malformed(self) -> None:
+        """A message that is no event (also called for bodies too large to be read at all)."""
+        self.malformed += 1
 
     def ingest(self, event: Any, now: float) -> None:
         try:

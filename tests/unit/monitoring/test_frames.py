@@ -1,0 +1,92 @@
+"""The events consumer's AMQP frame reader: bodies out of any split of the byte stream."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+from amqp import serialization
+
+from celery_event_operator.monitoring import frames
+
+
+def frame(kind: int, payload: bytes, channel: int = 1) -> bytes:
+    return struct.pack(">BHI", kind, channel, len(payload)) + payload + b"\xce"
+
+
+def delivery(body: bytes, frame_body_max: int = frames.FRAME_MAX - 8) -> bytes:
+    """basic.deliver, its content header and the body in frames of at most `frame_body_max` bytes."""
+    deliver = frames.method_frame(1, frames.BASIC_DELIVER, "sLbss", ("ctag", 1, False, "S:celeryev", "task.x"))
+    header = frame(frames.HEADER, struct.pack(">HHQH", 60, 0, len(body), 0))
+    parts = [body[i:i + frame_body_max] for i in range(0, len(body), frame_body_max)]
+    return deliver + header + b"".join(frame(frames.BODY, part) for part in parts)
+
+
+class Recorder:
+    def __init__(self, max_body_bytes: int = 1000) -> None:
+        self.bodies: list[bytes] = []
+        self.methods: list[tuple[int, frames.MethodId, bytes]] = []
+        self.oversized = 0
+        self.reader = frames.DeliveryReader(self.bodies.append, lambda *method: self.methods.append(method),
+                                            self._count_oversized, max_body_bytes)
+
+    def _count_oversized(self) -> None:
+        self.oversized += 1
+
+
+BODIES = [b'{"type": "task-sent"}', b"", b"x" * 250, b"not json at all", "ünïcode".encode()]
+
+
+def test_bodies_come_out_whole_and_in_order_from_any_split_of_the_stream() -> None:
+    stream = b"".join(delivery(body, frame_body_max=100) for body in BODIES)
+    rng = random.Random(3)
+    splits = [[1] * len(stream), [7] * len(stream), [len(stream)]] + [
+        [rng.randint(1, 40) for _ in range(len(stream))] for _ in range(20)]
+    for sizes in splits:
+        recorder, position = Recorder(), 0
+        for size in sizes:
+            recorder.reader.feed(stream[position:position + size])
+            position += size
+            if position >= len(stream):
+                break
+        assert recorder.bodies == BODIES, sizes[:5]
+        assert recorder.methods == []
+        assert recorder.oversized == 0
+
+
+def test_oversized_body_is_reported_and_skipped_without_disturbing_the_next() -> None:
+    recorder = Recorder(max_body_bytes=100)
+    recorder.reader.feed(delivery(b"y" * 450, frame_body_max=100) + delivery(b"small") + delivery(b"z" * 101))
+    assert recorder.bodies == [b"small"]
+    assert recorder.oversized == 2
+
+
+def test_other_methods_are_handed_over_and_heartbeats_ignored() -> None:
+    cancel = frames.method_frame(1, frames.BASIC_CANCEL, "sb", ("ctag", False))
+    recorder = Recorder()
+    recorder.reader.feed(frames.heartbeat_frame() + delivery(b"a") + cancel + frames.heartbeat_frame())
+    assert recorder.bodies == [b"a"]
+    [(channel, method, payload)] = recorder.methods
+    assert (channel, method) == (1, frames.BASIC_CANCEL)
+    assert frames.method_arguments(method, payload) == ["ctag", False]
+
+
+def test_method_frames_encode_what_the_broker_decodes() -> None:
+    encoded = frames.method_frame(0, frames.CONNECTION_TUNE_OK, "BlB", (1, frames.FRAME_MAX, 30))
+    kind, channel, size = struct.unpack_from(">BHI", encoded)
+    assert (kind, channel, size, encoded[-1]) == (frames.METHOD, 0, len(encoded) - 8, 0xCE)
+    assert struct.unpack_from(">HH", encoded, 7) == frames.CONNECTION_TUNE_OK
+    assert serialization.loads("BlB", encoded[:-1], 11)[0] == [1, frames.FRAME_MAX, 30]
+
+
+@pytest.mark.parametrize(("stream", "complaint"), [
+    (frame(frames.BODY, b"abc")[:-1] + b"\x00", "frame-end"),
+    (frame(9, b""), "unknown frame type"),
+    (frame(frames.HEADER, struct.pack(">HHQH", 60, 0, 2, 0)) + frame(frames.BODY, b"abc"), "runs past"),
+    (frame(frames.BODY, b"stray"), "runs past"),
+    (struct.pack(">BHI", frames.BODY, 1, frames.FRAME_MAX + 1) + b"...", "maximum"),
+])
+def test_a_stream_that_is_not_amqp_framing_is_refused(stream: bytes, complaint: str) -> None:
+    with pytest.raises(frames.FramingError, match=complaint):
+        Recorder().reader.feed(stream)
