@@ -37,6 +37,13 @@ def replicas(api: EmulatedApi) -> int:
     return count
 
 
+def topology_ready(api: EmulatedApi) -> bool:
+    """Publish only after this: the status pass may report queue lengths (the queues exist, empty) while
+    the first reconcile is still binding them, and a message published then is unroutable and dropped."""
+    conditions = api.client.get(CES + "/billing").get("status", {}).get("conditions", [])
+    return any(c["type"] == "TopologyReady" and c["status"] == "True" for c in conditions)
+
+
 def publish(url: str, count: int) -> None:
     with Connection(url) as connection:
         channel = connection.channel()
@@ -65,7 +72,8 @@ def test_backlog_scales_up_holds_through_the_window_then_down(
         kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str) -> None:
     create_broker_secret(kube_api, test_vhost_url)
     kube_api.client.create(CES, service())
-    eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("queueLength") == 0, timeout=20)
+    eventually(lambda: topology_ready(kube_api), timeout=20)
+    eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("queueLength") == 0, timeout=5)
     eventually(lambda: replicas(kube_api) == 1, timeout=10, message="an idle service did not go to minReplicas")
 
     publish(test_vhost_url, 500)
@@ -94,7 +102,8 @@ def test_scale_to_zero_and_back_above_the_activation_threshold(
         kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str) -> None:
     create_broker_secret(kube_api, test_vhost_url)
     kube_api.client.create(CES, service(minReplicas=0, activationQueueLength=10, scaleDownStabilizationSeconds=0))
-    eventually(lambda: replicas(kube_api) == 0, timeout=20, message="an idle service did not go to zero")
+    eventually(lambda: topology_ready(kube_api), timeout=20)
+    eventually(lambda: replicas(kube_api) == 0, timeout=10, message="an idle service did not go to zero")
     publish(test_vhost_url, 5)
     eventually(lambda: kube_api.client.get(CES + "/billing")["status"].get("queueLength") == 5, timeout=5)
     stays(lambda: replicas(kube_api) == 0, seconds=2,
@@ -122,7 +131,8 @@ def test_broker_outage_leaves_replicas_alone(kube_api: EmulatedApi, operator: Op
     # shared broker's. Point it nowhere: ready counts only.
     body["spec"]["broker"]["managementURL"] = f"http://127.0.0.1:{free_port()}"
     kube_api.client.create(CES, body)
-    eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("queueLength") == 0, timeout=30)
+    eventually(lambda: topology_ready(kube_api), timeout=30)
+    eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("queueLength") == 0, timeout=5)
     publish(private_rabbit.url, 300)
     eventually(lambda: replicas(kube_api) == 3, timeout=20)
 
