@@ -113,11 +113,17 @@ def test_consumer_comes_back_when_its_queue_is_deleted(running: Running, test_vh
 def test_consumer_comes_back_when_the_broker_drops_its_connection(running: Running, test_vhost_url: str,
                                                                   rabbitmq_management: rabbitmq.Management,
                                                                   test_vhost: str) -> None:
+    def listed() -> list[dict[str, object]]:
+        connections = rabbitmq_management.request(
+            "GET", f"/vhosts/{rabbitmq_management.vhost_path(test_vhost)}/connections")
+        return [c for c in connections if "events" in c.get("client_properties", {}).get("connection_name", "")]
+
     def ours() -> list[str]:
-        listed = rabbitmq_management.request("GET", f"/vhosts/{rabbitmq_management.vhost_path(test_vhost)}/connections")
-        return [c["name"] for c in listed if "events" in c.get("client_properties", {}).get("connection_name", "")]
+        return [str(c["name"]) for c in listed()]
 
     [first] = eventually(ours, timeout=10)
+    # A consumer without acks sends nothing: heartbeats are what tell the broker it lives.
+    assert [c["timeout"] for c in listed()] == [consumer.HEARTBEAT_SECONDS]
     rabbitmq_management.request("DELETE", f"/connections/{urllib.parse.quote(first, safe='')}")
     eventually(lambda: "closed the connection" in running.log(), timeout=5)
     eventually(lambda: ours() not in ([], [first]), timeout=10, message="no new connection")
