@@ -65,6 +65,11 @@ class Worker:
         return subprocess.run([sys.executable, "-c", code], cwd=self.app_dir, env=self.env, capture_output=True,
                               text=True, timeout=timeout, check=True)
 
+    def spawn(self, code: str) -> subprocess.Popen[str]:
+        """Like `run`, without waiting for it (a producer that keeps going while the test acts)."""
+        return subprocess.Popen([sys.executable, "-c", code], cwd=self.app_dir, env=self.env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
     def kill(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGKILL)

@@ -72,9 +72,13 @@ def handled(env: dict[str, str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def firing(*events: tuple[int, str]) -> str:
+    return ("from orders_app import order_created\n"
+            f"for order_id, behaviour in {list(events)!r}:\n    order_created(order_id, behaviour)")
+
+
 def fire(worker: Worker, *events: tuple[int, str]) -> None:
-    worker.run("from orders_app import order_created\n"
-               f"for order_id, behaviour in {list(events)!r}:\n    order_created(order_id, behaviour)")
+    worker.run(firing(*events))
 
 
 def archived(url: str) -> list[amqp.Message]:
@@ -162,12 +166,16 @@ def test_thousand_events_with_failures_and_a_kill_lose_nothing(
     events = [(order_id, "always" if order_id % 10 == 0 else "slow") for order_id in range(total)]
     expected_failures = {order_id for order_id, behaviour in events if behaviour == "always"}
     worker = worker_factory("--pool=threads", "--concurrency=8")
-    fire(worker, *events)
+    # The producer keeps publishing (with confirms, one by one) while the worker runs and is killed:
+    # waiting for it first would let a fast worker finish before the kill on a slow machine.
+    producer = worker.spawn(firing(*events))
     eventually(lambda: len(handled(injected_env)) >= 300, timeout=60)
     worker.kill()  # SIGKILL in the middle: whatever it had not acknowledged goes back to the queues
     killed_at = len(handled(injected_env))
     assert killed_at < total - len(expected_failures), "the kill came after the work: make handlers slower"
     worker_factory("--pool=threads", "--concurrency=8")
+    _, errors = producer.communicate(timeout=120)
+    assert producer.returncode == 0, errors
 
     succeeded = lambda: {h["order_id"] for h in handled(injected_env)} - expected_failures  # noqa: E731
     eventually(lambda: len(succeeded()) == total - len(expected_failures), timeout=120,
