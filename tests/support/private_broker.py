@@ -21,12 +21,16 @@ from tests.support.operator_process import free_port
 
 
 class PrivateRabbit:
-    def __init__(self, base: pathlib.Path) -> None:
+    def __init__(self, base: pathlib.Path, tls: tuple[pathlib.Path, pathlib.Path] | None = None) -> None:
+        """`tls`: a certificate (also the CA) and its key, for an amqps:// listener beside the plain one."""
         self.base = base
         self.name = f"ceo-private-{secrets.token_hex(3)}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        self.tls = tls
+        self.tls_port = free_port()
+        self.tls_url = f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
 
     def _env(self) -> dict[str, str]:
         return {
@@ -44,8 +48,13 @@ class PrivateRabbit:
     def _prepare(self) -> None:
         for directory in ("mnesia", "log"):
             (self.base / directory).mkdir(parents=True, exist_ok=True)
-        (self.base / "rabbitmq.conf").write_text(
-            f"listeners.tcp.local = 127.0.0.1:{self.port}\nloopback_users = none\n")
+        config = f"listeners.tcp.local = 127.0.0.1:{self.port}\nloopback_users = none\n"
+        if self.tls is not None:
+            certificate, key = (shutil.copy(path, self.base / path.name) for path in self.tls)
+            config += (f"listeners.ssl.local = 127.0.0.1:{self.tls_port}\nssl_options.cacertfile = {certificate}\n"
+                       f"ssl_options.certfile = {certificate}\nssl_options.keyfile = {key}\n"
+                       "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n")
+        (self.base / "rabbitmq.conf").write_text(config)
         (self.base / "enabled_plugins").write_text("[].\n")
         shutil.chown(self.base, "rabbitmq", "rabbitmq")
         for path in self.base.rglob("*"):

@@ -1,9 +1,12 @@
 """The events consumer (its own AMQP framing) against the real RabbitMQ: exact counts, garbage and
-oversized bodies, recovery when the broker cancels it or drops its connection, refused logins."""
+oversized bodies, recovery when the broker cancels it or drops its connection, refused logins, TLS."""
 
 from __future__ import annotations
 
 import logging
+import pathlib
+import shutil
+import tempfile
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -12,11 +15,12 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator import naming
+from celery_event_operator import certs, naming
 from celery_event_operator.broker import urls
 from celery_event_operator.monitoring import consumer
 from celery_event_operator.monitoring.state import MAX_EVENT_BYTES, ServiceMetrics
 from tests.support import rabbitmq
+from tests.support.private_broker import PrivateRabbit
 from tests.support.waiting import eventually
 
 SERVICE = "billing"
@@ -153,3 +157,34 @@ def test_a_stopped_consumer_leaves_no_connection(test_vhost_url: str, rabbitmq_m
     subject.finish()
     eventually(lambda: rabbitmq_management.request(
         "GET", f"/vhosts/{rabbitmq_management.vhost_path(test_vhost)}/connections") == [], timeout=10)
+
+
+@pytest.fixture
+def tls_rabbit(tmp_path: pathlib.Path) -> Iterator[PrivateRabbit]:
+    """A private node with an amqps:// listener whose certificate no system CA has signed."""
+    base = pathlib.Path(tempfile.mkdtemp(prefix="ceo-rabbit-"))  # the rabbitmq user must reach it
+    rabbit = PrivateRabbit(base, tls=certs.self_signed(tmp_path / "tls", ["127.0.0.1"]))
+    try:
+        yield rabbit.start()
+    finally:
+        rabbit.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_amqps_consumes_only_from_a_broker_whose_certificate_is_trusted(
+        tls_rabbit: PrivateRabbit, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tls_rabbit.tls is not None
+    untrusted = Running(tls_rabbit.tls_url)
+    try:
+        eventually(lambda: "CERTIFICATE_VERIFY_FAILED" in untrusted.log(), timeout=30,
+                   message="an unknown certificate was not refused")
+    finally:
+        untrusted.finish()
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_rabbit.tls[0]))  # OpenSSL's default trust store, now ours
+    trusted = Running(tls_rabbit.tls_url)
+    try:
+        eventually(lambda: consumers(tls_rabbit.url) == 1, timeout=30, message="no consumer over TLS")
+        publish(tls_rabbit.url, received_event(3))
+        eventually(lambda: trusted.received() == 1, timeout=5)
+    finally:
+        trusted.finish()
