@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from amqp import serialization
+from amqp.exceptions import AMQPError
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_MAX = 131_072  # RabbitMQ's default; bounds the bytes held for one unfinished frame
@@ -62,7 +63,10 @@ def heartbeat_frame() -> bytes:
 
 def method_arguments(method: MethodId, payload: bytes) -> list[Any]:
     """The arguments of a received method whose signature we know (after the 4-byte method id)."""
-    values, _ = serialization.loads(RECEIVED_SIGNATURES[method], payload, 4)
+    try:
+        values, _ = serialization.loads(RECEIVED_SIGNATURES[method], payload, 4)
+    except (struct.error, IndexError, ValueError, AMQPError) as exc:
+        raise FramingError(f"method {method} with arguments that do not decode") from exc
     return list(values)
 
 

@@ -90,3 +90,8 @@ def test_method_frames_encode_what_the_broker_decodes() -> None:
 def test_a_stream_that_is_not_amqp_framing_is_refused(stream: bytes, complaint: str) -> None:
     with pytest.raises(frames.FramingError, match=complaint):
         Recorder().reader.feed(stream)
+
+
+def test_method_arguments_that_do_not_decode_are_a_framing_error() -> None:
+    with pytest.raises(frames.FramingError, match="do not decode"):
+        frames.method_arguments(frames.CONNECTION_CLOSE, struct.pack(">HH", *frames.CONNECTION_CLOSE) + b"\x01")
