@@ -34,6 +34,7 @@ def condition(api: EmulatedApi, type: str, name: str = "billing") -> dict[str, A
 
 
 def events(api: EmulatedApi, reason: str) -> list[dict[str, Any]]:
+    """kopf posts Events from a queue of its own: wait for them with `eventually`."""
     return [e for e in api.client.get("/api/v1/namespaces/default/events")["items"] if e.get("reason") == reason]
 
 
@@ -129,7 +130,7 @@ def test_archive_length_change_recreates_empty_and_reports_full(
     assert "billing:archived" in topology_ready["message"]
     assert "x-max-length" in topology_ready["message"]
     assert condition(kube_api, "Ready")["status"] == "False"
-    assert [e["type"] for e in events(kube_api, "ArgumentMismatch")] == ["Warning"]
+    eventually(lambda: [e["type"] for e in events(kube_api, "ArgumentMismatch")] == ["Warning"], timeout=5)
     assert channel.queue_declare("billing:archived", passive=True).message_count == 1
 
     channel.basic_get("billing:archived", no_ack=True)  # drained: now it can be recreated
@@ -174,7 +175,7 @@ def test_lowered_retries_and_dropped_handler_are_cleaned_up(
     topology = plan.plan("billing", parse_spec(smaller))
     eventually(lambda: set(rabbitmq.snapshot(rabbitmq_management, test_vhost)["queues"])
                == {q.name for q in topology.queues}, message="obsolete entities stayed")
-    assert events(kube_api, "Removed")
+    eventually(lambda: events(kube_api, "Removed"), timeout=5, message="no Removed Event")
 
 
 def test_broker_credentials_never_leak(kube_api: EmulatedApi, crd_installed: dict[str, Any], amqp_url: str,
