@@ -60,6 +60,12 @@ def test_vhost_url(amqp_url: str, test_vhost: str) -> str:
     return rabbitmq.url_with_vhost(amqp_url, test_vhost)
 
 
+def billing_sample() -> dict[str, Any]:
+    """A fresh copy of the README's sample service, for a test to adjust."""
+    sample: dict[str, Any] = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    return sample
+
+
 def create_broker_secret(api: EmulatedApi, url: str, namespace: str = "default", name: str = "rabbitmq") -> None:
     api.client.create(f"/api/v1/namespaces/{namespace}/secrets",
                       {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"url": url}})

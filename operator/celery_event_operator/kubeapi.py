@@ -81,6 +81,16 @@ def _unless_absent(call: Callable[[], T], action: str) -> T | None:
         raise KubeError(f"{action}: HTTP {exc.status} {exc.reason}") from None
 
 
+def _object_unless_absent(call: Callable[[], object], what: str) -> dict[str, Any] | None:
+    """A custom-objects read: the object as a dict; None on 404; a KubeError otherwise."""
+    found = _unless_absent(call, f"cannot read {what}")
+    if found is None:
+        return None
+    if not isinstance(found, dict):
+        raise KubeError(f"cannot read {what}: the API answered with no object")
+    return found
+
+
 class KubeApi:
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._core = kubernetes.client.CoreV1Api(client)
@@ -103,13 +113,10 @@ class KubeApi:
 
     def read_template_annotations(self, namespace: str, kind: str, name: str) -> dict[str, str] | None:
         """The pod template annotations of a Deployment or StatefulSet; None when it does not exist."""
-        workload = _unless_absent(lambda: self._custom.get_namespaced_custom_object(
-            "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10),
-            f"cannot read {kind} {namespace}/{name}")
+        workload = _object_unless_absent(lambda: self._custom.get_namespaced_custom_object(
+            "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10), f"{kind} {namespace}/{name}")
         if workload is None:
             return None
-        if not isinstance(workload, dict):
-            raise KubeError(f"cannot read {kind} {namespace}/{name}: the API answered with no object")
         template = (workload.get("spec") or {}).get("template") or {}
         return dict((template.get("metadata") or {}).get("annotations") or {})
 
@@ -128,13 +135,11 @@ class KubeApi:
 
     def read_scale(self, namespace: str, kind: str, name: str) -> tuple[int, int] | None:
         """(desired, running) replicas of a Deployment or StatefulSet; None when it does not exist."""
-        scale = _unless_absent(lambda: self._custom.get_namespaced_custom_object_scale(
+        scale = _object_unless_absent(lambda: self._custom.get_namespaced_custom_object_scale(
             "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10),
-            f"cannot read the scale of {kind} {namespace}/{name}")
+            f"the scale of {kind} {namespace}/{name}")
         if scale is None:
             return None
-        if not isinstance(scale, dict):
-            raise KubeError(f"cannot read the scale of {kind} {namespace}/{name}: no Scale in the answer")
         desired = int((scale.get("spec") or {}).get("replicas") or 0)
         return desired, int((scale.get("status") or {}).get("replicas") or 0)
 

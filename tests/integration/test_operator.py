@@ -6,11 +6,10 @@ import time
 from typing import Any
 
 import pytest
-import yaml
 
 from celery_event_operator.api import crd
-from tests.conftest import REPO, create_broker_secret
-from tests.support.kube import ApiError, EmulatedApi, eventually
+from tests.conftest import REPO, billing_sample, create_broker_secret
+from tests.support.kube import ApiError, EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import stays
 
@@ -24,14 +23,13 @@ def broker_secrets(kube_api: EmulatedApi, test_vhost_url: str) -> None:
 
 
 def sample(namespace: str = "default") -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    body: dict[str, Any] = billing_sample()
     body["metadata"]["namespace"] = namespace
     return body
 
 
 def ready_condition(api: EmulatedApi, name: str = "billing", namespace: str = "default") -> dict[str, Any]:
-    status = api.client.get(f"{CES.format(ns=namespace)}/{name}").get("status") or {}
-    return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+    return condition(api, "Ready", name, namespace)
 
 
 def test_sample_becomes_ready_and_tracks_generation(kube_api: EmulatedApi, operator: OperatorProcess) -> None:

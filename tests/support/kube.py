@@ -111,3 +111,10 @@ def eventually(probe: Callable[[], T], timeout: float = 10, interval: float = 0.
                message: str = "condition not reached") -> T:
     """`waiting.eventually`, with API errors (an object not there yet) counting as "not yet"."""
     return waiting.eventually(probe, timeout, interval, message, retrying=(AssertionError, ApiError))
+
+
+def condition(api: EmulatedApi, type: str, name: str = "billing", namespace: str = "default") -> dict[str, Any]:
+    """One condition of a CeleryEventService's status; {} while it has none."""
+    path = f"/apis/celeryevents.io/v1alpha1/namespaces/{namespace}/celeryeventservices/{name}"
+    status = api.client.get(path).get("status") or {}
+    return next((c for c in status.get("conditions", []) if c["type"] == type), {})

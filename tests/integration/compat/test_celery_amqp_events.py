@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from kombu.connection import Connection
 
-from tests.conftest import REPO, create_broker_secret
-from tests.support.kube import EmulatedApi, eventually
+from tests.conftest import REPO, billing_sample, create_broker_secret
+from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import stays
 
@@ -50,16 +49,11 @@ def operator_with_service(kube_api: EmulatedApi, crd_installed: dict[str, Any], 
                           tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
     create_broker_secret(kube_api, test_vhost_url)
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
-    service = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    service = billing_sample()
     service["spec"]["retry"] = {"maxRetries": MAX_RETRIES}
     kube_api.client.create(CES, service)
     yield process
     process.stop()
-
-
-def condition(api: EmulatedApi, type: str) -> dict[str, Any]:
-    status = api.client.get(f"{CES}/billing").get("status") or {}
-    return next((c for c in status.get("conditions", []) if c["type"] == type), {})
 
 
 def handled(log: pathlib.Path) -> list[dict[str, Any]]:

@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from celery_event_operator.injection import settings as injection_settings
-from tests.conftest import REPO, create_broker_secret
-from tests.support.kube import EmulatedApi, eventually
+from tests.conftest import REPO, billing_sample, create_broker_secret
+from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -31,8 +30,7 @@ def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_ur
 
 
 def workers(api: EmulatedApi) -> dict[str, Any]:
-    status = api.client.get(f"{CES}/billing").get("status") or {}
-    return next((c for c in status.get("conditions", []) if c["type"] == "WorkersConfigured"), {})
+    return condition(api, "WorkersConfigured")
 
 
 def template_hash(api: EmulatedApi) -> str | None:
@@ -49,7 +47,7 @@ def configmap_settings(api: EmulatedApi) -> dict[str, Any]:
 def test_settings_change_updates_configmap_hash_and_pod_template(kube_api: EmulatedApi,
                                                                 operator: OperatorProcess) -> None:
     kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
-    kube_api.client.create(CES, yaml.safe_load((REPO / "examples" / "billing.yaml").read_text()))
+    kube_api.client.create(CES, billing_sample())
     first = eventually(lambda: template_hash(kube_api), timeout=20, message="the pod template was never stamped")
     configmap = kube_api.client.get(CONFIGMAP)
     assert configmap["metadata"]["ownerReferences"][0]["kind"] == "CeleryEventService"
@@ -70,7 +68,7 @@ def test_settings_change_updates_configmap_hash_and_pod_template(kube_api: Emula
 
 def test_rollout_off_leaves_the_workload_alone(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
     kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
-    service = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    service = billing_sample()
     service["spec"]["workers"]["rolloutOnChange"] = False
     kube_api.client.create(CES, service)
     eventually(lambda: kube_api.client.get(CONFIGMAP), timeout=20)
@@ -81,7 +79,7 @@ def test_rollout_off_leaves_the_workload_alone(kube_api: EmulatedApi, operator: 
 def test_workers_configured_counts_pods_with_current_settings(kube_api: EmulatedApi,
                                                               operator: OperatorProcess) -> None:
     kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
-    kube_api.client.create(CES, yaml.safe_load((REPO / "examples" / "billing.yaml").read_text()))
+    kube_api.client.create(CES, billing_sample())
     current = eventually(lambda: template_hash(kube_api), timeout=20)
 
     def pod(name: str, config_hash: str) -> dict[str, Any]:
@@ -99,7 +97,7 @@ def test_workers_configured_counts_pods_with_current_settings(kube_api: Emulated
 
 
 def test_missing_scale_target_is_reported(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
-    kube_api.client.create(CES, yaml.safe_load((REPO / "examples" / "billing.yaml").read_text()))
+    kube_api.client.create(CES, billing_sample())
     condition = eventually(lambda: workers(kube_api).get("reason") == "ScaleTargetNotFound" and workers(kube_api),
                            timeout=20)
     assert "billing-worker" in condition["message"]

@@ -10,12 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from celery_event_operator.devcluster import jsonpatch
 from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings as injection_settings
-from tests.conftest import REPO, create_broker_secret
+from tests.conftest import billing_sample, create_broker_secret
 from tests.support.kube import EmulatedApi, eventually
 from tests.support.operator_process import OperatorProcess
 
@@ -64,7 +63,7 @@ def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_ur
              tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
     create_broker_secret(kube_api, test_vhost_url)
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
-    kube_api.client.create(CES, yaml.safe_load((REPO / "examples" / "billing.yaml").read_text()))
+    kube_api.client.create(CES, billing_sample())
     eventually(lambda: kube_api.client.get(f"{CES}/billing").get("status", {}).get("observedGeneration"), timeout=20)
     yield process
     process.stop()

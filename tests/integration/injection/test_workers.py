@@ -16,14 +16,13 @@ from typing import Any
 
 import amqp
 import pytest
-import yaml
 from kombu.connection import Connection
 
 from celery_event_operator.devcluster import jsonpatch
 from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
-from tests.conftest import REPO, create_broker_secret
+from tests.conftest import billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import review, worker_pod
-from tests.support.kube import EmulatedApi, eventually
+from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.workers import Worker, as_kubelet_would
 
@@ -39,13 +38,12 @@ def injected_env(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhos
     """The env of a worker pod of `billing` after the webhook, as the kubelet would give it."""
     create_broker_secret(kube_api, test_vhost_url)
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
-    service = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    service = billing_sample()
     service["spec"]["retry"] = {"maxRetries": MAX_RETRIES}
     service["spec"]["events"]["handlers"] = [{"name": "orders.order.created"}]
     kube_api.client.create(CES, service)
-    eventually(lambda: any(c["type"] == "Ready" and c["status"] == "True"
-                           for c in kube_api.client.get(f"{CES}/billing").get("status", {}).get("conditions", [])),
-               timeout=20, message="the service never became Ready")
+    eventually(lambda: condition(kube_api, "Ready").get("status") == "True", timeout=20,
+               message="the service never became Ready")
     pod = worker_pod({"celeryevents.io/service": "billing"})
     response = operator.admit(review(pod))["response"]
     pod = jsonpatch.apply(pod, json.loads(base64.b64decode(response["patch"])))

@@ -11,14 +11,13 @@ from typing import Any
 
 import amqp
 import pytest
-import yaml
 from kombu.connection import Connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_event_operator.devcluster import jsonpatch
-from tests.conftest import REPO, create_broker_secret
+from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import review, worker_pod
-from tests.support.kube import EmulatedApi, eventually
+from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.workers import Worker, as_kubelet_would
 
@@ -50,14 +49,12 @@ def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_ur
              tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
     create_broker_secret(kube_api, test_vhost_url)
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
-    service = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    service = billing_sample()
     service["spec"]["retry"] = {"maxRetries": 1}
     service["spec"]["events"]["handlers"] = [{"name": TASK}]
     service["spec"]["statusIntervalSeconds"] = 1
     kube_api.client.create(CES, service)
-    eventually(lambda: any(c["type"] == "Ready" and c["status"] == "True"
-                           for c in kube_api.client.get(f"{CES}/billing").get("status", {}).get("conditions", [])),
-               timeout=20)
+    eventually(lambda: condition(kube_api, "Ready").get("status") == "True", timeout=20)
     eventually(lambda: _consuming(test_vhost_url), timeout=20, message="the events queue was never consumed")
     yield process
     process.stop()

@@ -10,11 +10,10 @@ from typing import Any
 
 import amqp
 import pytest
-import yaml
 from kombu.connection import Connection
 
-from tests.conftest import REPO, create_broker_secret
-from tests.support.kube import EmulatedApi, eventually
+from tests.conftest import REPO, billing_sample, create_broker_secret
+from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, free_port
 from tests.support.private_broker import PrivateRabbit
 from tests.support.waiting import stays
@@ -26,7 +25,7 @@ WINDOW = 4
 
 
 def service(**autoscaling: Any) -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    body: dict[str, Any] = billing_sample()
     body["spec"]["statusIntervalSeconds"] = 1
     body["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 10, "messagesPerReplica": 100,
                                    "scaleDownStabilizationSeconds": WINDOW, **autoscaling}
@@ -52,8 +51,7 @@ def scaled_changes(api: EmulatedApi) -> set[str]:
 def topology_ready(api: EmulatedApi) -> bool:
     """Publish only after this: the status pass may report queue lengths (the queues exist, empty) while
     the first reconcile is still binding them, and a message published then is unroutable and dropped."""
-    conditions = api.client.get(CES + "/billing").get("status", {}).get("conditions", [])
-    return any(c["type"] == "TopologyReady" and c["status"] == "True" for c in conditions)
+    return condition(api, "TopologyReady").get("status") == "True"
 
 
 def publish(url: str, count: int) -> None:
@@ -148,10 +146,8 @@ def test_broker_outage_leaves_replicas_alone(kube_api: EmulatedApi, operator: Op
 
     private_rabbit.stop()
 
-    def broker_condition() -> dict[str, Any]:
-        status = kube_api.client.get(CES + "/billing").get("status") or {}
-        return next((c for c in status.get("conditions", []) if c["type"] == "BrokerReachable"), {})
-    down = eventually(lambda: broker_condition().get("status") == "False" and broker_condition(), timeout=30)
+    down = eventually(lambda: condition(kube_api, "BrokerReachable").get("status") == "False"
+                      and condition(kube_api, "BrokerReachable"), timeout=30)
     assert down["reason"] == "BrokerUnreachable"
     # Longer than the window: with a "0" from missing data it would scale down.
     stays(lambda: replicas(kube_api) == 3, seconds=WINDOW + 2, message="scaled on missing data")

@@ -7,20 +7,14 @@ import pathlib
 from typing import Any
 
 import amqp
-import yaml
 from kombu.connection import Connection
 
-from tests.conftest import REPO, create_broker_secret
-from tests.support.kube import EmulatedApi, eventually
+from tests.conftest import billing_sample, create_broker_secret
+from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.private_broker import PrivateRabbit
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
-
-
-def condition(api: EmulatedApi, type: str) -> dict[str, Any]:
-    status = api.client.get(f"{CES}/billing").get("status") or {}
-    return next((c for c in status.get("conditions", []) if c["type"] == type), {})
 
 
 def queue_exists(url: str, name: str) -> bool:
@@ -38,7 +32,7 @@ def test_outage_is_reported_and_the_topology_comes_back(
     create_broker_secret(kube_api, private_rabbit.url)
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
     try:
-        kube_api.client.create(CES, yaml.safe_load((REPO / "examples" / "billing.yaml").read_text()))
+        kube_api.client.create(CES, billing_sample())
         eventually(lambda: condition(kube_api, "Ready").get("status") == "True", timeout=20)
 
         private_rabbit.stop()

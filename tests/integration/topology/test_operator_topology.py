@@ -9,14 +9,13 @@ from typing import Any
 
 import amqp
 import pytest
-import yaml
 from kombu.connection import Connection
 
 from celery_event_operator.api.models import parse_spec
 from celery_event_operator.topology import plan
-from tests.conftest import REPO, create_broker_secret
+from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.support import rabbitmq
-from tests.support.kube import ApiError, EmulatedApi, eventually
+from tests.support.kube import ApiError, EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -24,13 +23,8 @@ RESYNC = 1.0
 
 
 def sample() -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
+    body: dict[str, Any] = billing_sample()
     return body
-
-
-def condition(api: EmulatedApi, type: str, name: str = "billing") -> dict[str, Any]:
-    status = api.client.get(f"{CES}/{name}").get("status") or {}
-    return next((c for c in status.get("conditions", []) if c["type"] == type), {})
 
 
 def events(api: EmulatedApi, reason: str) -> list[dict[str, Any]]:
