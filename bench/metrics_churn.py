@@ -38,14 +38,23 @@ def events_of(worker: str, tasks: int) -> list[dict[str, object]]:
     for index in range(tasks):
         name = ("orders.created", "orders.cancelled", "refunds")[index % 3]
         uuid = f"{worker}-{index}"
-        events += [{"type": "task-received", "hostname": f"celery@{worker}", "uuid": uuid, "name": name},
-                   {"type": "task-started", "hostname": f"celery@{worker}", "uuid": uuid}]
+        events += [
+            {"type": "task-received", "hostname": f"celery@{worker}", "uuid": uuid, "name": name},
+            {"type": "task-started", "hostname": f"celery@{worker}", "uuid": uuid},
+        ]
         if index % 5 == 0:
-            events.append({"type": "task-failed", "hostname": f"celery@{worker}", "uuid": uuid,
-                           "exception": ("KeyError('x')", "ValueError('y')")[index % 2]})
+            events.append(
+                {
+                    "type": "task-failed",
+                    "hostname": f"celery@{worker}",
+                    "uuid": uuid,
+                    "exception": ("KeyError('x')", "ValueError('y')")[index % 2],
+                }
+            )
         else:
-            events.append({"type": "task-succeeded", "hostname": f"celery@{worker}", "uuid": uuid,
-                           "runtime": 0.01 * index})
+            events.append(
+                {"type": "task-succeeded", "hostname": f"celery@{worker}", "uuid": uuid, "runtime": 0.01 * index}
+            )
     return events
 
 
@@ -69,16 +78,24 @@ def main() -> int:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
     try:
         with EmulatedApi(workdir / "kubeconfig") as api:
-            api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                              crd.custom_resource_definition())
-            api.client.create("/api/v1/namespaces/default/secrets",
-                              {"metadata": {"name": "rabbitmq"}, "stringData": {"url": url}})
+            api.client.create(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition()
+            )
+            api.client.create(
+                "/api/v1/namespaces/default/secrets", {"metadata": {"name": "rabbitmq"}, "stringData": {"url": url}}
+            )
             operator = OperatorProcess(api.kubeconfig, workdir / "operator.log").start()
             assert operator.process is not None
             try:
-                api.client.create(CES, {"apiVersion": "celeryevents.io/v1alpha1", "kind": "CeleryEventService",
-                                        "metadata": {"name": "billing"},
-                                        "spec": {"broker": {"secretRef": {"name": "rabbitmq"}}}})
+                api.client.create(
+                    CES,
+                    {
+                        "apiVersion": "celeryevents.io/v1alpha1",
+                        "kind": "CeleryEventService",
+                        "metadata": {"name": "billing"},
+                        "spec": {"broker": {"secretRef": {"name": "rabbitmq"}}},
+                    },
+                )
                 time.sleep(3)  # the consumer starts
                 previous: list[str] = []
                 with Connection(url) as connection:
@@ -86,9 +103,15 @@ def main() -> int:
                     for rollout in range(1, args.rollouts + 1):
                         current = [f"billing-worker-{rollout:02d}-{index}" for index in range(args.pods)]
                         for name in current:
-                            api.client.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-                                "name": name, "labels": {"celeryevents.io/service": "billing"}},
-                                "spec": {"containers": [{"name": "w", "image": "w"}]}})
+                            api.client.create(
+                                PODS,
+                                {
+                                    "apiVersion": "v1",
+                                    "kind": "Pod",
+                                    "metadata": {"name": name, "labels": {"celeryevents.io/service": "billing"}},
+                                    "spec": {"containers": [{"name": "w", "image": "w"}]},
+                                },
+                            )
                             for event in events_of(name, args.tasks_per_pod):
                                 channel.basic_publish(amqp.Message(json.dumps(event)), "billing:celeryev", "x")
                         for name in previous:
@@ -99,11 +122,16 @@ def main() -> int:
                         with urllib.request.urlopen(operator.metrics_url, timeout=30) as response:
                             body = response.read()
                         scrape = time.perf_counter() - started
-                        series = sum(1 for line in body.decode().splitlines()
-                                     if line.startswith("celery_") and 'service_name="billing"' in line)
+                        series = sum(
+                            1
+                            for line in body.decode().splitlines()
+                            if line.startswith("celery_") and 'service_name="billing"' in line
+                        )
                         size = len(body) / 1024
-                        print(f"rollout {rollout:2d}: {series:5d} series of billing, /metrics {size:6.1f} KiB,"
-                              f" scrape {scrape * 1000:5.1f} ms, operator RSS {rss_mb(operator.process.pid):5.1f} MB")
+                        print(
+                            f"rollout {rollout:2d}: {series:5d} series of billing, /metrics {size:6.1f} KiB,"
+                            f" scrape {scrape * 1000:5.1f} ms, operator RSS {rss_mb(operator.process.pid):5.1f} MB"
+                        )
             finally:
                 operator.stop()
     finally:

@@ -4,16 +4,17 @@
 
 A publisher process sends a realistic mix at full speed (task-sent/received/started, then succeeded,
 failed or retried; worker heartbeats) to the service's event exchange, consumed by the operator's
-consumer (consumer.consume feeding ServiceMetrics) and then by a bare kombu consumer that only decodes
-the JSON, each in this process. Two rounds: live (the consumer runs while the publisher sends: events
-lost at a generator's full speed) and backlog (the queue holds every event before the consumer starts:
-the consumer's own speed, not the publisher's). Printed per run: events/s, events lost, CPU µs/event,
-peak RSS. Asserts nothing.
+events connection (monitoring/events_connection.py feeding ServiceMetrics, on an event loop) and then
+by a bare kombu consumer that only decodes the JSON, each in this process. Two rounds: live (the
+consumer runs while the publisher sends: events lost at a generator's full speed) and backlog (the
+queue holds every event before the consumer starts: the consumer's own speed, not the publisher's).
+Printed per run: events/s, events lost, CPU µs/event, peak RSS. Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import multiprocessing
@@ -36,12 +37,14 @@ from kombu.connection import Connection
 from tests.support import rabbitmq
 
 from celery_event_operator import naming
-from celery_event_operator.broker import urls
-from celery_event_operator.monitoring import consumer, frames
+from celery_event_operator.broker import address as broker_address
+from celery_event_operator.monitoring import frames
+from celery_event_operator.monitoring.events_connection import EventsConnection
 from celery_event_operator.monitoring.state import ServiceMetrics
 from celery_event_operator.topology import plan
 
 SERVICE = "bench"
+PREFETCH = 5000  # for the kombu consumer (ours consumes without acknowledgement: no prefetch limit applies)
 BASIC_PUBLISH = (60, 40)
 
 
@@ -56,21 +59,55 @@ def stream(count: int) -> list[bytes]:
         name = rng.choice(["orders.order.created", "orders.order.cancelled", "payments.refund"])
         base = {"uuid": task_id, "timestamp": clock, "utcoffset": 0, "pid": 12, "clock": len(events)}
         outcome = rng.random()
-        for item in ({"type": "task-sent", "hostname": "gen@producer", "name": name, "args": "(42,)", "kwargs": "{}",
-                      "retries": 0, "queue": None, "exchange": "events", "routing_key": name},
-                     {"type": "task-received", "hostname": worker, "name": name, "args": "(42,)", "kwargs": "{}",
-                      "retries": 0, "root_id": task_id, "parent_id": None},
-                     {"type": "task-started", "hostname": worker},
-                     {"type": "task-succeeded", "hostname": worker, "runtime": rng.random(), "result": "None"}
-                     if outcome < 0.85 else
-                     {"type": "task-failed", "hostname": worker, "exception": "KeyError('sku')", "traceback": "…"}
-                     if outcome < 0.95 else
-                     {"type": "task-retried", "hostname": worker,
-                      "exception": "Retry(Retry(...), ValueError('x'), 0)", "traceback": "…"}):
+        for item in (
+            {
+                "type": "task-sent",
+                "hostname": "gen@producer",
+                "name": name,
+                "args": "(42,)",
+                "kwargs": "{}",
+                "retries": 0,
+                "queue": None,
+                "exchange": "events",
+                "routing_key": name,
+            },
+            {
+                "type": "task-received",
+                "hostname": worker,
+                "name": name,
+                "args": "(42,)",
+                "kwargs": "{}",
+                "retries": 0,
+                "root_id": task_id,
+                "parent_id": None,
+            },
+            {"type": "task-started", "hostname": worker},
+            {"type": "task-succeeded", "hostname": worker, "runtime": rng.random(), "result": "None"}
+            if outcome < 0.85
+            else {"type": "task-failed", "hostname": worker, "exception": "KeyError('sku')", "traceback": "…"}
+            if outcome < 0.95
+            else {
+                "type": "task-retried",
+                "hostname": worker,
+                "exception": "Retry(Retry(...), ValueError('x'), 0)",
+                "traceback": "…",
+            },
+        ):
             events.append(json.dumps({**base, **item}).encode())
         if rng.random() < 0.1:
-            events.append(json.dumps({"type": "worker-heartbeat", "hostname": worker, "active": 1, "freq": 2.0,
-                                      "timestamp": clock, "processed": 10, "loadavg": [0.1, 0.1, 0.1]}).encode())
+            events.append(
+                json.dumps(
+                    {
+                        "type": "worker-heartbeat",
+                        "hostname": worker,
+                        "active": 1,
+                        "freq": 2.0,
+                        "timestamp": clock,
+                        "processed": 10,
+                        "loadavg": [0.1, 0.1, 0.1],
+                    }
+                ).encode()
+            )
         clock += 0.001
     return events[:count]
 
@@ -78,9 +115,15 @@ def stream(count: int) -> list[bytes]:
 def publish_frames(channel: int, exchange: str, body: bytes) -> bytes:
     """basic.publish, its content header (content type only) and the body, ready for the socket."""
     header = struct.pack(">HHQH", 60, 0, len(body), 0x8000) + serialization.dumps("s", ["application/json"])
-    return (frames.method_frame(channel, BASIC_PUBLISH, "Bssbb", (0, exchange, "task.event", False, False))
-            + struct.pack(">BHI", frames.HEADER, channel, len(header)) + header + b"\xce"
-            + struct.pack(">BHI", frames.BODY, channel, len(body)) + body + b"\xce")
+    return (
+        frames.method_frame(channel, BASIC_PUBLISH, "Bssbb", (0, exchange, "task.event", False, False))
+        + struct.pack(">BHI", frames.HEADER, channel, len(header))
+        + header
+        + b"\xce"
+        + struct.pack(">BHI", frames.BODY, channel, len(body))
+        + body
+        + b"\xce"
+    )
 
 
 def publish(url: str, count: int, ready: multiprocessing.synchronize.Event) -> None:
@@ -91,7 +134,7 @@ def publish(url: str, count: int, ready: multiprocessing.synchronize.Event) -> N
         channel = client.channel()
         exchange = naming.event_exchange_name(SERVICE)
         framed = [publish_frames(channel.channel_id, exchange, body) for body in stream(count)]
-        chunks = [b"".join(framed[i:i + 500]) for i in range(0, len(framed), 500)]
+        chunks = [b"".join(framed[i : i + 500]) for i in range(0, len(framed), 500)]
         ready.wait()
         for chunk in chunks:
             client.transport.write(chunk)
@@ -108,19 +151,25 @@ def declare(url: str, queue: str) -> None:
 
 
 class Ours:
-    """The operator's consumer (consumer.consume feeding ServiceMetrics), in a thread of this process."""
+    """The operator's events connection feeding ServiceMetrics, on an event loop in a thread of this process."""
 
     queue = naming.monitor_queue_name(SERVICE)
 
     def __init__(self, url: str) -> None:
-        self.address = urls.parse(url, failover_strategy="round-robin", vhost_override=None)
+        self.address = broker_address.parse(url)
         self.metrics = ServiceMetrics("bench", SERVICE)
         self.stop = threading.Event()
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=consumer.consume, daemon=True, args=(
-            self.address, SERVICE, self.metrics, self.stop, logging.getLogger("bench")))
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.thread.start()
+
+    async def _run(self) -> None:
+        connection = EventsConnection(self.address, None, logging.getLogger("bench"))
+        connection.subscribe(SERVICE, self.queue, naming.event_exchange_name(SERVICE), self.metrics)
+        while not self.stop.is_set():
+            await asyncio.sleep(0.05)
+        await connection.close()
 
     def consumed(self) -> int:
         return self.metrics.events_consumed + self.metrics.malformed
@@ -148,10 +197,22 @@ class BareKombu:
 
     def _run(self) -> None:
         with Connection(self.url) as connection:
-            queue = Queue(self.queue, routing_key="#", queue_arguments=dict(plan.MONITOR_QUEUE_ARGUMENTS),
-                          durable=True, exchange=None)
-            with Consumer(connection.channel(), [queue], callbacks=[self._on_message], accept=["json"],
-                          no_ack=True, prefetch_count=consumer.PREFETCH, auto_declare=False):
+            queue = Queue(
+                self.queue,
+                routing_key="#",
+                queue_arguments=dict(plan.MONITOR_QUEUE_ARGUMENTS),
+                durable=True,
+                exchange=None,
+            )
+            with Consumer(
+                connection.channel(),
+                [queue],
+                callbacks=[self._on_message],
+                accept=["json"],
+                no_ack=True,
+                prefetch_count=PREFETCH,
+                auto_declare=False,
+            ):
                 while not self.stop.is_set():
                     try:
                         connection.drain_events(timeout=1)
@@ -203,28 +264,41 @@ def measure(kind: type[Ours | BareKombu], url: str, count: int, backlog: bool) -
     subject.stop.set()
     subject.thread.join(5)  # before its vhost goes
     got = subject.consumed()
-    return {"events_per_second": got / elapsed, "lost": count - got, "cpu_us_per_event": cpu / max(got, 1) * 1e6,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "events_per_second": got / elapsed,
+        "lost": count - got,
+        "cpu_us_per_event": cpu / max(got, 1) * 1e6,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=100_000,
-                        help="at most the monitor queue's max-length (100,000), or a backlog loses the rest")
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=100_000,
+        help="at most the monitor queue's max-length (100,000), or a backlog loses the rest",
+    )
     args = parser.parse_args()
     amqp_url = os.environ.get("AMQP_URL", rabbitmq.DEFAULT_AMQP_URL)
     management = rabbitmq.Management(amqp_url)
     for backlog in (False, True):
-        print("backlog: the queue holds every event before the consumer starts (the consumer's own speed)"
-              if backlog else "live: the publisher sends at full speed while the consumer runs")
+        print(
+            "backlog: the queue holds every event before the consumer starts (the consumer's own speed)"
+            if backlog
+            else "live: the publisher sends at full speed while the consumer runs"
+        )
         for name, kind in (("operator consumer", Ours), ("bare kombu consumer", BareKombu)):
             vhost = rabbitmq.create_vhost(management, prefix="ceo-bench")
             try:
                 figures = measure(kind, rabbitmq.url_with_vhost(amqp_url, vhost), args.events, backlog)
             finally:
                 rabbitmq.delete_vhost(management, vhost)
-            print(f"{name:>22}: {figures['events_per_second']:>8,.0f} events/s, lost {figures['lost']:,.0f}, "
-                  f"{figures['cpu_us_per_event']:.1f} µs CPU/event, peak RSS {figures['peak_rss_mb']:.0f} MB")
+            print(
+                f"{name:>22}: {figures['events_per_second']:>8,.0f} events/s, lost {figures['lost']:,.0f}, "
+                f"{figures['cpu_us_per_event']:.1f} µs CPU/event, peak RSS {figures['peak_rss_mb']:.0f} MB"
+            )
     return 0
 
 

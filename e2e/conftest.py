@@ -20,8 +20,14 @@ class Kubectl:
         self.namespace = namespace
 
     def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["kubectl", "-n", self.namespace, *args], input=stdin,
-                              capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            ["kubectl", "-n", self.namespace, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
     def __call__(self, *args: str, stdin: str | None = None) -> str:
         result = self.run(*args, stdin=stdin)
@@ -34,8 +40,11 @@ class Kubectl:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    cluster = bool(os.environ.get("KUBECONFIG")) and subprocess.run(
-        ["kubectl", "version", "--request-timeout=5s"], capture_output=True, check=False).returncode == 0
+    cluster = (
+        bool(os.environ.get("KUBECONFIG"))
+        and subprocess.run(["kubectl", "version", "--request-timeout=5s"], capture_output=True, check=False).returncode
+        == 0
+    )
     for item in items:
         item.add_marker(pytest.mark.e2e)
         if not cluster:
@@ -53,8 +62,9 @@ METRICS_SERVICE = os.environ.get("E2E_METRICS_SERVICE", "ceo-celery-event-operat
 
 def scrape(kubectl: Kubectl) -> str:
     """The operator's /metrics through the API server's service proxy (no port-forward needed)."""
-    return kubectl("get", "--raw",
-                   f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/services/{METRICS_SERVICE}:metrics/proxy/metrics")
+    return kubectl(
+        "get", "--raw", f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/services/{METRICS_SERVICE}:metrics/proxy/metrics"
+    )
 
 
 def eventually(probe: Callable[[], T], timeout: float = 120, interval: float = 2) -> T:

@@ -17,8 +17,7 @@ def ready(kubectl: Kubectl, name: str) -> dict[str, str]:
 def test_sample_becomes_ready_and_is_deleted(kubectl: Kubectl) -> None:
     kubectl("apply", "-f", str(EXAMPLES / "billing.yaml"))
     try:
-        condition = eventually(lambda: ready(kubectl, "billing").get("status") == "True"
-                               and ready(kubectl, "billing"))
+        condition = eventually(lambda: ready(kubectl, "billing").get("status") == "True" and ready(kubectl, "billing"))
         assert condition["reason"] == "SpecAccepted"
         assert "billing" in kubectl("get", "ces")
     finally:

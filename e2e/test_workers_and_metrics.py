@@ -52,6 +52,7 @@ def test_worker_pods_get_the_settings_injected(kubectl: Kubectl, service_with_wo
         status = kubectl.json("get", "ces", "billing")["status"]
         workers = next(c for c in status["conditions"] if c["type"] == "WorkersConfigured")
         return bool(workers["status"] == "True")
+
     eventually(configured)
     queues = kubectl("exec", "deployment/rabbitmq", "--", "rabbitmqctl", "list_queues", "-q", "name")
     assert "billing.orders.order.created" in queues, "the topology is declared"
@@ -60,6 +61,7 @@ def test_worker_pods_get_the_settings_injected(kubectl: Kubectl, service_with_wo
 def test_rollout_restart_removes_the_old_pods_series(kubectl: Kubectl, service_with_workers: None) -> None:
     def workers_with_series() -> set[str]:
         return set(re.findall(r'celery_worker_up\{[^}]*service_name="billing"[^}]*worker="([^"]+)"', scrape(kubectl)))
+
     old = eventually(workers_with_series)
     kubectl("rollout", "restart", "deployment/billing-worker")
     kubectl("rollout", "status", "deployment/billing-worker", "--timeout=180s")
@@ -69,16 +71,43 @@ def test_rollout_restart_removes_the_old_pods_series(kubectl: Kubectl, service_w
 
 
 def test_a_backlog_scales_the_workers_up(kubectl: Kubectl, service_with_workers: None) -> None:
-    kubectl("patch", "ces", "billing", "--type=merge", "-p", json.dumps({"spec": {
-        "statusIntervalSeconds": 5, "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 3,
-                                                     "messagesPerReplica": 10, "scaleDownStabilizationSeconds": 30}}}))
+    kubectl(
+        "patch",
+        "ces",
+        "billing",
+        "--type=merge",
+        "-p",
+        json.dumps(
+            {
+                "spec": {
+                    "statusIntervalSeconds": 5,
+                    "autoscaling": {
+                        "enabled": True,
+                        "minReplicas": 0,
+                        "maxReplicas": 3,
+                        "messagesPerReplica": 10,
+                        "scaleDownStabilizationSeconds": 30,
+                    },
+                }
+            }
+        ),
+    )
     eventually(lambda: kubectl.json("get", "deployment", "billing-worker")["spec"]["replicas"] == 0)
-    kubectl("run", "billing-producer", "--restart=Never", f"--image={WORKER_IMAGE}", "--image-pull-policy=Never",
-            "--labels=celeryevents.io/service=billing", "--command", "--",
-            "python", "-c", "from billing_app import order_created\nfor i in range(100): order_created(i, 1)")
+    kubectl(
+        "run",
+        "billing-producer",
+        "--restart=Never",
+        f"--image={WORKER_IMAGE}",
+        "--image-pull-policy=Never",
+        "--labels=celeryevents.io/service=billing",
+        "--command",
+        "--",
+        "python",
+        "-c",
+        "from billing_app import order_created\nfor i in range(100): order_created(i, 1)",
+    )
     try:
-        eventually(lambda: kubectl.json("get", "deployment", "billing-worker")["spec"]["replicas"] == 3,
-                   timeout=120)
+        eventually(lambda: kubectl.json("get", "deployment", "billing-worker")["spec"]["replicas"] == 3, timeout=120)
         scaled = [e["message"] for e in kubectl.json("get", "events")["items"] if e.get("reason") == "Scaled"]
         assert any("from 0 to 3" in message for message in scaled)
     finally:

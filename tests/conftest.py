@@ -67,8 +67,10 @@ def billing_sample() -> dict[str, Any]:
 
 
 def create_broker_secret(api: EmulatedApi, url: str, namespace: str = "default", name: str = "rabbitmq") -> None:
-    api.client.create(f"/api/v1/namespaces/{namespace}/secrets",
-                      {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"url": url}})
+    api.client.create(
+        f"/api/v1/namespaces/{namespace}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"url": url}},
+    )
 
 
 @pytest.fixture
@@ -94,13 +96,15 @@ def kube_api(tmp_path: pathlib.Path) -> Iterator[EmulatedApi]:
 @pytest.fixture
 def crd_installed(kube_api: EmulatedApi) -> dict[str, Any]:
     body: dict[str, Any] = kube_api.client.create(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition())
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition()
+    )
     return body
 
 
 @pytest.fixture
-def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path,
-             request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
+def operator(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> Iterator[OperatorProcess]:
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
     yield process
     process.stop()

@@ -1,4 +1,4 @@
-"""The package stays `ruff` clean and `mypy --strict` clean: checked with every test run."""
+"""The package stays `ruff` clean, `ruff format`ted and `mypy --strict` clean: checked with every test run."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ from tests.conftest import REPO
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 def test_ruff() -> None:
     result = run("ruff", "check", "operator", "tests", "e2e", "bench")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format() -> None:
+    result = run("ruff", "format", "--check", "operator", "tests", "e2e", "bench")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -30,7 +30,8 @@ def self_signed(directory: pathlib.Path, hosts: list[str], days: int = 365) -> t
     now = datetime.datetime.now(tz=datetime.UTC)
     certificate = (
         x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name)
+        .subject_name(name)
+        .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -43,6 +44,7 @@ def self_signed(directory: pathlib.Path, hosts: list[str], days: int = 365) -> t
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     key_path.touch(mode=0o600)
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path

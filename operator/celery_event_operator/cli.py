@@ -12,8 +12,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from celery_event_operator import options as options_module
+from celery_event_operator.options import OperatorOptions, WebhookOptions
+
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
-DEFAULT_RESYNC_SECONDS = 30.0
 DEFAULT_EXAMPLES = ("examples/broker-secret.yaml", "examples/billing.yaml")
 # The chart cannot reach files outside its directory, so it carries its own copy of the CRD.
 CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
@@ -37,18 +39,27 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 1 if stale else 0
 
 
-def _export_operator_options(args: argparse.Namespace) -> None:
-    """Handlers read these at import (the timer) and at start-up (the webhook and metrics servers)."""
-    os.environ["CELERY_EVENT_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
-    os.environ["CELERY_EVENT_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
-    os.environ["CELERY_EVENT_OPERATOR_METRICS_ADDR"] = args.metrics_addr
-    if args.webhook_port:
-        os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_PORT"] = str(args.webhook_port)
-        os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_ADDR"] = args.webhook_addr
-        os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_HOST"] = args.webhook_host
-        if args.webhook_cert:
-            os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_CERT"] = args.webhook_cert
-            os.environ["CELERY_EVENT_OPERATOR_WEBHOOK_KEY"] = args.webhook_key
+def _options(args: argparse.Namespace) -> OperatorOptions:
+    webhook = (
+        WebhookOptions(
+            port=args.webhook_port,
+            addr=args.webhook_addr,
+            host=args.webhook_host,
+            cert_file=args.webhook_cert,
+            key_file=args.webhook_key,
+        )
+        if args.webhook_port
+        else None
+    )
+    return OperatorOptions(
+        resync_seconds=args.resync_seconds,
+        metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
+        webhook=webhook,
+        namespaces=tuple(getattr(args, "namespace", ()) or ()),
+        shard_index=getattr(args, "shard_index", 0),
+        shard_count=getattr(args, "shard_count", 1),
+    )
 
 
 def _add_webhook_options(parser: argparse.ArgumentParser, default_addr: str) -> None:
@@ -62,60 +73,84 @@ def _add_webhook_options(parser: argparse.ArgumentParser, default_addr: str) -> 
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    _export_operator_options(args)
+    if not 0 <= args.shard_index < args.shard_count:
+        print(f"error: --shard-index must be in 0..{args.shard_count - 1}", file=sys.stderr)
+        return 2
     import kopf
 
     import celery_event_operator.handlers  # noqa: F401  (registers the handlers)
 
+    options = _options(args)
     kopf.configure(verbose=args.verbose)
     kopf.run(
         standalone=True,  # one replica (the chart's Deployment uses Recreate): no peering objects needed
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
+        clusterwide=not options.namespaces,
+        namespaces=options.namespaces,
         liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(options=options),
     )
     return 0
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    _export_operator_options(args)
     from celery_event_operator.devcluster import devmode
 
-    return asyncio.run(devmode.main(
-        api_port=args.api_port,
-        state_dir=pathlib.Path(args.state_dir),
-        broker_url=args.broker_url,
-        examples=[pathlib.Path(path) for path in args.example or DEFAULT_EXAMPLES],
-        liveness=args.liveness or None,
-        verbose=args.verbose,
-        with_sample_worker=not args.no_sample_worker,
-    ))
+    return asyncio.run(
+        devmode.main(
+            options=_options(args),
+            api_port=args.api_port,
+            state_dir=pathlib.Path(args.state_dir),
+            broker_url=args.broker_url,
+            examples=[pathlib.Path(path) for path in args.example or DEFAULT_EXAMPLES],
+            liveness=args.liveness or None,
+            verbose=args.verbose,
+            with_sample_worker=not args.no_sample_worker,
+        )
+    )
+
+
+def _service_and_broker(args: argparse.Namespace, name: str) -> tuple[str, Any, Any]:
+    """(serviceName, its spec or None, its broker's control connection): through the Kubernetes API (the
+    resource and its Secret), or from --broker-url."""
+    from celery_event_operator import service_status
+    from celery_event_operator.broker import address as broker_address
+    from celery_event_operator.broker.control import ControlConnection
+    from celery_event_operator.broker.secret import read_settings
+    from celery_event_operator.broker.tls import TlsFiles
+    from celery_event_operator.kubeapi import KubeApi
+
+    if args.broker_url and getattr(args, "no_cluster", False):
+        return name, None, ControlConnection(broker_address.parse(args.broker_url))
+    kube = KubeApi.from_environment()
+    validated = service_status.validate(kube.read_service(args.namespace, name))
+    spec = validated.spec
+    if args.broker_url:
+        address = broker_address.parse(
+            args.broker_url, failover_strategy=spec.broker.failover_strategy, vhost_override=spec.broker.vhost
+        )
+        return validated.service_name, spec, ControlConnection(address)
+    settings = read_settings(kube, args.namespace, spec)
+    tls = TlsFiles(settings.tls) if settings.tls.ca or settings.tls.cert else None
+    return validated.service_name, spec, ControlConnection(settings.address, tls)
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:
-    from celery_event_operator import reconcile
-    from celery_event_operator.api.models import InvalidSpecError
-    from celery_event_operator.broker import urls
-    from celery_event_operator.broker.connections import Broker, BrokerUnavailableError
-    from celery_event_operator.kubeapi import KubeApi, SecretError
+    from celery_event_operator.errors import OperatorError
     from celery_event_operator.topology import apply, listing, plan
-    from celery_event_operator.topology.sync import broker_address
 
-    kube = KubeApi.from_environment()
     try:
-        validated = reconcile.validate(kube.read_service(args.namespace, args.name))
-        spec = validated.spec
-        address = (urls.parse(args.broker_url, failover_strategy=spec.broker.failover_strategy,
-                              vhost_override=spec.broker.vhost) if args.broker_url
-                   else broker_address(kube, args.namespace, spec))
-        topology = plan.plan(validated.service_name, spec)
-        states = Broker(address).run(lambda connection: apply.inspect(connection, topology))
-    except (LookupError, InvalidSpecError, SecretError, urls.BrokerUrlError, BrokerUnavailableError) as exc:
+        service, spec, broker = _service_and_broker(args, args.name)
+        topology = plan.plan(service, spec)
+        states = broker.run(lambda connection: apply.inspect(connection, topology))
+    except OperatorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     listed = listing.rows(topology, states)
-    print(json.dumps(listed, indent=2) if args.json else
-          f"service {topology.service!r} on {address.display}\n{listing.table(listed)}")
+    print(
+        json.dumps(listed, indent=2)
+        if args.json
+        else f"service {topology.service!r} on {broker.address.display}\n{listing.table(listed)}"
+    )
     return 0 if all(row["state"] == "ok" for row in listed) else 3
 
 
@@ -128,37 +163,35 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90, 90s, 5m, 2h, 1d)") from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return value
+
+
 def _progress(done: int, total: int) -> None:
     if sys.stderr.isatty():
         filled = int(30 * done / max(total, 1))
-        print(f"\rreplaying {done}/{total} [{'#' * filled}{'.' * (30 - filled)}]", end="", file=sys.stderr,
-              flush=True)
+        print(f"\rreplaying {done}/{total} [{'#' * filled}{'.' * (30 - filled)}]", end="", file=sys.stderr, flush=True)
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
-    from celery_event_operator import reconcile
-    from celery_event_operator.api.models import InvalidSpecError
-    from celery_event_operator.archive import tools
-    from celery_event_operator.broker import urls
-    from celery_event_operator.broker.connections import Broker, BrokerUnavailableError
-    from celery_event_operator.kubeapi import KubeApi, SecretError
-    from celery_event_operator.topology.sync import broker_address
+    from celery_event_operator.archive import operations
+    from celery_event_operator.errors import OperatorError
 
     if args.action == "purge" and not args.yes:
         print("error: purging deletes archived events for good; add --yes", file=sys.stderr)
         return 2
+    args.no_cluster = True  # with --broker-url, SERVICE is the serviceName: no cluster needed
     try:
-        if args.broker_url:  # no cluster needed: SERVICE is the serviceName
-            service = args.service
-            address = urls.parse(args.broker_url, failover_strategy="round-robin", vhost_override=None)
-        else:
-            kube = KubeApi.from_environment()
-            validated = reconcile.validate(kube.read_service(args.namespace, args.service))
-            service = validated.service_name
-            address = broker_address(kube, args.namespace, validated.spec)
-        selection = tools.Selection(event=args.event, older_than=args.older_than, newer_than=args.newer_than)
-        output = Broker(address).run(lambda connection: _archive_action(args, connection, service, selection))
-    except (LookupError, InvalidSpecError, SecretError, urls.BrokerUrlError, BrokerUnavailableError) as exc:
+        service, _spec, broker = _service_and_broker(args, args.service)
+        selection = operations.Selection(event=args.event, older_than=args.older_than, newer_than=args.newer_than)
+        output = broker.run(lambda connection: _archive_action(args, connection, service, selection))
+    except OperatorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(output)
@@ -166,22 +199,25 @@ def _cmd_archive(args: argparse.Namespace) -> int:
 
 
 def _archive_action(args: argparse.Namespace, connection: Any, service: str, selection: Any) -> str:
-    from celery_event_operator.archive import messages, tools
+    from celery_event_operator.archive import messages, operations
 
     if args.action == "list":
-        items = tools.list_archive(connection, service, selection)
+        items = operations.list_archive(connection, service, selection)
         now = time.time()
         return json.dumps([item.as_json(now) for item in items], indent=2) if args.json else messages.table(items, now)
     if args.action == "replay":
-        summary = tools.replay(connection, service, selection, limit=args.limit, dry_run=args.dry_run,
-                               rate=args.rate, progress=_progress)
+        summary = operations.replay(
+            connection, service, selection, limit=args.limit, dry_run=args.dry_run, rate=args.rate, progress=_progress
+        )
         if sys.stderr.isatty():
             print(file=sys.stderr)
         verb = "would replay" if args.dry_run else "replayed"
-        return (f"{verb} {summary.done} of {summary.matched} matching ({summary.archived} archived) "
-                f"to {summary.target}; {summary.archived - summary.done} stay archived"
-                + (f"; {summary.unroutable} found no queue and stay" if summary.unroutable else ""))
-    summary = tools.purge(connection, service, selection)
+        return (
+            f"{verb} {summary.done} of {summary.matched} matching ({summary.archived} archived) "
+            f"to {summary.target}; {summary.archived - summary.done} stay archived"
+            + (f"; {summary.unroutable} found no queue and stay" if summary.unroutable else "")
+        )
+    summary = operations.purge(connection, service, selection)
     return f"purged {summary.done} of {summary.archived} archived"
 
 
@@ -190,11 +226,29 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the operator against the configured cluster (kubeconfig or in-cluster)")
-    run.add_argument("--namespace", "-n", action="append", default=[],
-                     help="serve only this namespace (repeatable); cluster-wide when absent")
+    run.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="serve only this namespace (repeatable); cluster-wide when absent",
+    )
     run.add_argument("--liveness", default=DEFAULT_LIVENESS, help="liveness endpoint URL ('' disables)")
-    run.add_argument("--resync-seconds", type=float, default=DEFAULT_RESYNC_SECONDS,
-                     help="how often each service's topology is re-declared and its status refreshed")
+    run.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=options_module.DEFAULT_RESYNC_SECONDS,
+        help="how often each service's topology is re-declared (its queue lengths: spec.statusIntervalSeconds)",
+    )
+    run.add_argument(
+        "--shard-count",
+        type=_positive_int,
+        default=1,
+        help="split the services between this many operator Deployments by a stable hash of namespace/name",
+    )
+    run.add_argument(
+        "--shard-index", type=int, default=0, help="which of the --shard-count shards this operator keeps (0-based)"
+    )
     _add_webhook_options(run, "0.0.0.0")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(handler=_cmd_run)
@@ -202,20 +256,31 @@ def build_parser() -> argparse.ArgumentParser:
     dev = commands.add_parser("dev", help="run the operator with the samples on an embedded Kubernetes API")
     dev.add_argument("--api-port", type=int, default=18443, help="port of the embedded API (0: any free port)")
     dev.add_argument("--state-dir", default=".dev", help="where the kubeconfig is written")
-    dev.add_argument("--broker-url", default=os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-                     help="broker URL put into the sample's Secret (default: $AMQP_URL or local guest)")
-    dev.add_argument("--example", action="append", default=[],
-                     help=f"manifests to create at start (repeatable; default: {' '.join(DEFAULT_EXAMPLES)})")
+    dev.add_argument(
+        "--broker-url",
+        default=os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+        help="broker URL put into the sample's Secret (default: $AMQP_URL or local guest)",
+    )
+    dev.add_argument(
+        "--example",
+        action="append",
+        default=[],
+        help=f"manifests to create at start (repeatable; default: {' '.join(DEFAULT_EXAMPLES)})",
+    )
     dev.add_argument("--liveness", default="http://127.0.0.1:8080/healthz")
     dev.add_argument("--resync-seconds", type=float, default=10.0)
-    dev.add_argument("--no-sample-worker", action="store_true",
-                     help="do not run examples/app/billing_app.py locally with a trickle of events")
+    dev.add_argument(
+        "--no-sample-worker",
+        action="store_true",
+        help="do not run examples/app/billing_app.py locally with a trickle of events",
+    )
     _add_webhook_options(dev, "127.0.0.1")
     dev.add_argument("--verbose", "-v", action="store_true")
     dev.set_defaults(handler=_cmd_dev)
 
     topology = commands.add_parser(
-        "topology", help="list a service's planned queues and exchanges with their depths on the broker")
+        "topology", help="list a service's planned queues and exchanges with their depths on the broker"
+    )
     topology.add_argument("name", help="the CeleryEventService")
     topology.add_argument("--namespace", "-n", default="default")
     topology.add_argument("--broker-url", help="use this URL instead of the resource's Secret")
@@ -224,9 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     archive = commands.add_parser("archive", help="list, replay or purge a service's archived events")
     actions = archive.add_subparsers(dest="action", required=True)
-    for action, text in (("list", "show the archived events (reading changes nothing)"),
-                         ("replay", "send archived events back to the service's handler queues"),
-                         ("purge", "delete archived events")):
+    for action, text in (
+        ("list", "show the archived events (reading changes nothing)"),
+        ("replay", "send archived events back to the service's handler queues"),
+        ("purge", "delete archived events"),
+    ):
         sub = actions.add_parser(action, help=text)
         sub.add_argument("service", help="the CeleryEventService (with --broker-url: its serviceName)")
         sub.add_argument("--namespace", "-n", default="default")
@@ -245,8 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--yes", action="store_true", help="confirm the deletion")
 
     crd_command = commands.add_parser("crd", help="render crds/ from the API models")
-    crd_command.add_argument("--output-dir", action="append", default=[],
-                             help=f"where to write (repeatable; default: {' '.join(CRD_OUTPUT_DIRS)})")
+    crd_command.add_argument(
+        "--output-dir",
+        action="append",
+        default=[],
+        help=f"where to write (repeatable; default: {' '.join(CRD_OUTPUT_DIRS)})",
+    )
     crd_command.add_argument("--check", action="store_true", help="fail if the committed CRD is stale")
     crd_command.set_defaults(handler=_cmd_crd)
     return parser

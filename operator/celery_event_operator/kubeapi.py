@@ -5,16 +5,20 @@ Every call made here is listed in API_CALLS, which the chart's RBAC must cover.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import concurrent.futures
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from celery_event_operator.api.models import GROUP, PLURAL, VERSION
+from celery_event_operator.errors import BrokerSecretError, KubeError, NotFoundError
 
 # (API group, resource, verb) of every call the operator process makes; the chart's RBAC is tested
 # against this list. (`read_service` serves the command line, which runs with its user's credentials.)
@@ -50,16 +54,9 @@ API_CALLS = (
 )
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 WORKLOAD_PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
-
-
-class KubeError(Exception):
-    """A Kubernetes API call failed; the message names the object, never its data."""
-
-
-class SecretError(Exception):
-    """The broker Secret cannot be used; the message names it but never shows its data."""
 
 
 @contextlib.contextmanager
@@ -98,8 +95,10 @@ class KubeApi:
 
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """The ConfigMap's data, None when it does not exist."""
-        configmap = _unless_absent(lambda: self._core.read_namespaced_config_map(name, namespace, _request_timeout=10),
-                                   f"cannot read ConfigMap {namespace}/{name}")
+        configmap = _unless_absent(
+            lambda: self._core.read_namespaced_config_map(name, namespace, _request_timeout=10),
+            f"cannot read ConfigMap {namespace}/{name}",
+        )
         return None if configmap is None else dict(configmap.data or {})
 
     def write_configmap(self, namespace: str, body: dict[str, Any], *, exists: bool) -> None:
@@ -113,8 +112,12 @@ class KubeApi:
 
     def read_template_annotations(self, namespace: str, kind: str, name: str) -> dict[str, str] | None:
         """The pod template annotations of a Deployment or StatefulSet; None when it does not exist."""
-        workload = _object_unless_absent(lambda: self._custom.get_namespaced_custom_object(
-            "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10), f"{kind} {namespace}/{name}")
+        workload = _object_unless_absent(
+            lambda: self._custom.get_namespaced_custom_object(
+                "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10
+            ),
+            f"{kind} {namespace}/{name}",
+        )
         if workload is None:
             return None
         template = (workload.get("spec") or {}).get("template") or {}
@@ -124,20 +127,27 @@ class KubeApi:
         patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
         with _reported(f"cannot patch {kind} {namespace}/{name}"):
             self._custom.patch_namespaced_custom_object(
-                "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, patch, _request_timeout=10)
+                "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, patch, _request_timeout=10
+            )
 
     def list_pod_annotations(self, namespace: str, label_selector: str) -> list[dict[str, str]]:
         """The annotations of every pod matching the selector that is not being deleted."""
         with _reported(f"cannot list pods in {namespace}"):
             pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector, _request_timeout=10)
-        return [dict(pod.metadata.annotations or {}) for pod in pods.items
-                if pod.metadata is not None and pod.metadata.deletion_timestamp is None]
+        return [
+            dict(pod.metadata.annotations or {})
+            for pod in pods.items
+            if pod.metadata is not None and pod.metadata.deletion_timestamp is None
+        ]
 
     def read_scale(self, namespace: str, kind: str, name: str) -> tuple[int, int] | None:
         """(desired, running) replicas of a Deployment or StatefulSet; None when it does not exist."""
-        scale = _object_unless_absent(lambda: self._custom.get_namespaced_custom_object_scale(
-            "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10),
-            f"the scale of {kind} {namespace}/{name}")
+        scale = _object_unless_absent(
+            lambda: self._custom.get_namespaced_custom_object_scale(
+                "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10
+            ),
+            f"the scale of {kind} {namespace}/{name}",
+        )
         if scale is None:
             return None
         desired = int((scale.get("spec") or {}).get("replicas") or 0)
@@ -146,23 +156,34 @@ class KubeApi:
     def set_scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
         with _reported(f"cannot scale {kind} {namespace}/{name}"):
             self._custom.patch_namespaced_custom_object_scale(
-                "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, {"spec": {"replicas": replicas}},
-                _request_timeout=10)
+                "apps",
+                "v1",
+                namespace,
+                WORKLOAD_PLURALS[kind],
+                name,
+                {"spec": {"replicas": replicas}},
+                _request_timeout=10,
+            )
 
     def patch_service_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         # Gone meanwhile (404): nothing to report on.
-        _unless_absent(lambda: self._custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=10),
-            f"cannot patch the status of {namespace}/{name}")
+        _unless_absent(
+            lambda: self._custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=10
+            ),
+            f"cannot patch the status of {namespace}/{name}",
+        )
 
     def read_service(self, namespace: str, name: str) -> dict[str, Any]:
         try:
-            body = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                             _request_timeout=10)
+            body = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=10
+            )
         except ApiException as exc:
-            raise LookupError(f"CeleryEventService {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
+            error = NotFoundError if exc.status == 404 else KubeError
+            raise error(f"CeleryEventService {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
         if not isinstance(body, dict):
-            raise TypeError(f"CeleryEventService {namespace}/{name}: the API answered with no object")
+            raise KubeError(f"CeleryEventService {namespace}/{name}: the API answered with no object")
         return body
 
     @classmethod
@@ -172,21 +193,47 @@ class KubeApi:
         try:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
-                                               client_configuration=configuration)
+            kubernetes.config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
+            )
         return cls(kubernetes.client.ApiClient(configuration))
 
-    def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+    def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        """The Secret's keys whose values are UTF-8 text (others are left out); never log the result."""
         try:
             secret = self._core.read_namespaced_secret(name, namespace, _request_timeout=10)
         except ApiException as exc:
             if exc.status == 404:
-                raise SecretError(f"Secret {namespace}/{name} does not exist") from None
-            raise SecretError(f"cannot read Secret {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
-        encoded = (secret.data or {}).get(key)
-        if encoded is None:
-            raise SecretError(f"Secret {namespace}/{name} has no key {key!r}")
-        try:
-            return base64.b64decode(encoded).decode()
-        except (ValueError, UnicodeDecodeError):
-            raise SecretError(f"Secret {namespace}/{name} key {key!r} is not valid base64 UTF-8 text") from None
+                raise BrokerSecretError(f"Secret {namespace}/{name} does not exist") from None
+            raise BrokerSecretError(f"cannot read Secret {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
+        data: dict[str, str] = {}
+        for key, encoded in (secret.data or {}).items():
+            with contextlib.suppress(ValueError, UnicodeDecodeError, TypeError):
+                data[key] = base64.b64decode(encoded, validate=True).decode()
+        return data
+
+    def patch_service_metadata(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        # Gone meanwhile (404): nothing to remember.
+        _unless_absent(
+            lambda: self._custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"annotations": annotations}}, _request_timeout=10
+            ),
+            f"cannot annotate {namespace}/{name}",
+        )
+
+
+class AsyncKubeApi:
+    """The operator's calls, off the event loop: on a small pool of its own (calls are short, with timeouts)."""
+
+    def __init__(self, api: KubeApi, threads: int = 4) -> None:
+        self.api = api
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube-api")
+
+    async def call(self, method: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`await kube.call(kube.api.read_scale, namespace, kind, name)`."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, functools.partial(method, *args, **kwargs)
+        )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)

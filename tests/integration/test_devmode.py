@@ -15,8 +15,9 @@ from tests.support.operator_process import free_port
 
 
 def kubectl(kubeconfig: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args],
-                          capture_output=True, text=True, timeout=30, check=False)
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True, timeout=30, check=False
+    )
 
 
 def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str) -> None:
@@ -24,12 +25,33 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
     metrics_port = free_port()
     log = (tmp_path / "dev.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery_event_operator.cli", "dev", "--api-port", "0",
-         "--state-dir", "state",  # relative, as in the README (but not under the worker's directory)
-         "--example", str(REPO / "examples" / "broker-secret.yaml"),
-         "--example", str(REPO / "examples" / "billing.yaml"), "--liveness", "", "--broker-url", test_vhost_url,
-         "--webhook-port", str(free_port()), "--metrics-port", str(metrics_port)],
-        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": "/nonexistent"})
+        [
+            sys.executable,
+            "-m",
+            "celery_event_operator.cli",
+            "dev",
+            "--api-port",
+            "0",
+            "--state-dir",
+            "state",  # relative, as in the README (but not under the worker's directory)
+            "--example",
+            str(REPO / "examples" / "broker-secret.yaml"),
+            "--example",
+            str(REPO / "examples" / "billing.yaml"),
+            "--liveness",
+            "",
+            "--broker-url",
+            test_vhost_url,
+            "--webhook-port",
+            str(free_port()),
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "KUBECONFIG": "/nonexistent"},
+    )
     kubeconfig = state / "kubeconfig"
     try:
         eventually(kubeconfig.exists, timeout=30, message="no kubeconfig written")
@@ -39,11 +61,17 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             assert len(lines) == 2, lines
             assert lines[1].split()[:2] == ["billing", "True"], lines
             return lines
+
         eventually(sample_ready, timeout=30, message="the sample never showed Ready")
 
-        listing = subprocess.run([sys.executable, "-m", "celery_event_operator.cli", "topology", "billing"],
-                                 capture_output=True, text=True, timeout=60, check=False,
-                                 env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+        listing = subprocess.run(
+            [sys.executable, "-m", "celery_event_operator.cli", "topology", "billing"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        )
         assert listing.returncode == 0, listing.stdout + listing.stderr
         assert "billing.orders.order.created    queue/events" in listing.stdout
         assert "guest" not in listing.stdout, "no credentials in the listing"
@@ -55,6 +83,7 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             except OSError:
                 return False  # not serving yet
             return 'celery_task_succeeded_total{namespace="default",service_name="billing"' in text
+
         eventually(live_metrics, timeout=60, message="no live metrics from the sample worker")
 
         applied = kubectl(kubeconfig, "apply", "--validate=false", "-f", str(REPO / "examples/shipping-quorum.yaml"))

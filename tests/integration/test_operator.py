@@ -34,8 +34,10 @@ def ready_condition(api: EmulatedApi, name: str = "billing", namespace: str = "d
 
 def test_sample_becomes_ready_and_tracks_generation(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
     kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing.yaml"))
-    ready = eventually(lambda: ready_condition(kube_api).get("status") == "True" and ready_condition(kube_api),
-                       message="billing never became Ready")
+    ready = eventually(
+        lambda: ready_condition(kube_api).get("status") == "True" and ready_condition(kube_api),
+        message="billing never became Ready",
+    )
     assert ready["reason"] == "Reconciled"
     body = kube_api.client.get(CES.format(ns="default") + "/billing")
     assert body["status"]["observedGeneration"] == 1
@@ -45,10 +47,13 @@ def test_sample_becomes_ready_and_tracks_generation(kube_api: EmulatedApi, opera
     assert table[1].split()[:2] == ["billing", "True"]
 
     kube_api.kubectl("patch", "ces", "billing", "--type=merge", "-p", '{"spec":{"retry":{"maxRetries":3}}}')
-    eventually(lambda: kube_api.client.get(CES.format(ns="default") + "/billing")["status"]
-               .get("observedGeneration") == 2, message="observedGeneration did not follow the spec")
-    assert ready_condition(kube_api)["lastTransitionTime"] == ready["lastTransitionTime"], \
+    eventually(
+        lambda: kube_api.client.get(CES.format(ns="default") + "/billing")["status"].get("observedGeneration") == 2,
+        message="observedGeneration did not follow the spec",
+    )
+    assert ready_condition(kube_api)["lastTransitionTime"] == ready["lastTransitionTime"], (
         "Ready stayed True, so its transition time must not move"
+    )
 
 
 def test_status_holds_only_schema_fields(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
@@ -65,19 +70,30 @@ def test_invalid_spec_is_reported_without_a_retry_loop(kube_api: EmulatedApi, op
     bad = sample()
     bad["spec"]["retry"] = {"maxRetries": 99}
     kube_api.client.create(CES.format(ns="default"), bad)
-    ready = eventually(lambda: ready_condition(kube_api).get("reason") == "InvalidSpec" and ready_condition(kube_api),
-                       message="no InvalidSpec condition")
+    ready = eventually(
+        lambda: ready_condition(kube_api).get("reason") == "InvalidSpec" and ready_condition(kube_api),
+        message="no InvalidSpec condition",
+    )
     assert ready["status"] == "False"
     assert "maxRetries" in ready["message"]
 
-    events = eventually(lambda: [e for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]
-                                 if e.get("reason") == "InvalidSpec"], message="no InvalidSpec Event")
+    events = eventually(
+        lambda: [
+            e
+            for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]
+            if e.get("reason") == "InvalidSpec"
+        ],
+        message="no InvalidSpec Event",
+    )
     assert events[0]["type"] == "Warning"
     assert events[0]["involvedObject"]["name"] == "billing"
 
     version = kube_api.client.get(CES.format(ns="default") + "/billing")["metadata"]["resourceVersion"]
-    stays(lambda: kube_api.client.get(CES.format(ns="default") + "/billing")["metadata"]["resourceVersion"]
-          == version, seconds=3, message="a retry loop kept patching the object")
+    stays(
+        lambda: kube_api.client.get(CES.format(ns="default") + "/billing")["metadata"]["resourceVersion"] == version,
+        seconds=3,
+        message="a retry loop kept patching the object",
+    )
     assert operator.alive()
 
     kube_api.client.merge_patch(CES.format(ns="default") + "/billing", {"spec": {"retry": {"maxRetries": 5}}})
@@ -96,19 +112,24 @@ def test_delete_completes_within_seconds(kube_api: EmulatedApi, operator: Operat
         except ApiError as exc:
             return exc.status == 404
         return False
+
     eventually(gone, timeout=10, message="the resource was not removed")
     assert time.monotonic() - started < 10
     assert operator.alive()
 
 
 def test_namespaced_operator_ignores_other_namespaces(
-        kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: Any) -> None:
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: Any
+) -> None:
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "ns-operator.log", "--namespace", "shop").start()
     try:
         kube_api.client.create(CES.format(ns="shop"), sample("shop"))
         kube_api.client.create(CES.format(ns="other"), sample("other"))
         eventually(lambda: ready_condition(kube_api, namespace="shop").get("status") == "True")
-        stays(lambda: ready_condition(kube_api, namespace="other") == {}, seconds=1,
-              message="the operator touched a namespace it does not serve")
+        stays(
+            lambda: ready_condition(kube_api, namespace="other") == {},
+            seconds=1,
+            message="the operator touched a namespace it does not serve",
+        )
     finally:
         process.stop()

@@ -77,8 +77,10 @@ def _duplicate_map_keys(schema: dict[str, Any], value: Any, path: list[str]) -> 
 
 def _schema_violations(schema: dict[str, Any], obj: Any) -> list[Violation]:
     validator = jsonschema.Draft7Validator(_strict(schema))
-    found = [Violation(_path(error.absolute_path), str(error.validator))
-             for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
+    found = [
+        Violation(_path(error.absolute_path), str(error.validator))
+        for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+    ]
     return found + _duplicate_map_keys(schema, obj, [])
 
 

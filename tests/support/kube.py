@@ -36,11 +36,18 @@ class KubeClient:
     def __init__(self, server_url: str) -> None:
         self.server_url = server_url
 
-    def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/json", accept: str = "application/json") -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        accept: str = "application/json",
+    ) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.server_url + path, data=data, method=method,
-                                         headers={"Content-Type": content_type, "Accept": accept})
+        request = urllib.request.Request(
+            self.server_url + path, data=data, method=method, headers={"Content-Type": content_type, "Accept": accept}
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return json.loads(response.read() or b"null")
@@ -103,12 +110,18 @@ class EmulatedApi:
         return KubeClient(self.url)
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-                              capture_output=True, text=True, timeout=30, check=check)
+        return subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=check,
+        )
 
 
-def eventually(probe: Callable[[], T], timeout: float = 10, interval: float = 0.1,
-               message: str = "condition not reached") -> T:
+def eventually(
+    probe: Callable[[], T], timeout: float = 10, interval: float = 0.1, message: str = "condition not reached"
+) -> T:
     """`waiting.eventually`, with API errors (an object not there yet) counting as "not yet"."""
     return waiting.eventually(probe, timeout, interval, message, retrying=(AssertionError, ApiError))
 

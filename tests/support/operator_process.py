@@ -5,50 +5,92 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import signal
 import socket
 import ssl
 import subprocess
 import sys
 import urllib.request
+import uuid
 from typing import Any
 
 from celery_event_operator import certs
 from tests.support import waiting
 
+# Listening ports come from below the kernel's ephemeral range: a port the kernel hands out (bind to 0) is
+# free now but may be taken as the local end of an outgoing connection before the child process binds it.
+_LISTEN_PORTS = range(20000, 32000)
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    for port in random.sample(_LISTEN_PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_LISTEN_PORTS}")
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: pathlib.Path, log_path: pathlib.Path, *extra_args: str,
-                 resync_seconds: float = 2.0) -> None:
+    def __init__(
+        self,
+        kubeconfig: pathlib.Path,
+        log_path: pathlib.Path,
+        *extra_args: str,
+        resync_seconds: float = 2.0,
+        verbose: bool = True,
+    ) -> None:
         self.kubeconfig = kubeconfig
+        self.verbose = verbose
         self.log_path = log_path
         self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
         # The admission webhook on a free port, with a certificate the tests can verify it by.
         self.webhook_port = free_port()
-        self.webhook_cert, webhook_key = certs.self_signed(log_path.parent / f"webhook-{self.webhook_port}",
-                                                           ["127.0.0.1"])
+        self.webhook_cert, webhook_key = certs.self_signed(
+            log_path.parent / f"webhook-{self.webhook_port}", ["127.0.0.1"]
+        )
         self.metrics_port = free_port()
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        self.extra_args = (*extra_args, "--resync-seconds", str(resync_seconds),
-                           "--metrics-port", str(self.metrics_port), "--metrics-addr", "127.0.0.1",
-                           "--webhook-port", str(self.webhook_port), "--webhook-addr", "127.0.0.1",
-                           "--webhook-cert", str(self.webhook_cert), "--webhook-key", str(webhook_key))
+        self.extra_args = (
+            *extra_args,
+            "--resync-seconds",
+            str(resync_seconds),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-addr",
+            "127.0.0.1",
+            "--webhook-port",
+            str(self.webhook_port),
+            "--webhook-addr",
+            "127.0.0.1",
+            "--webhook-cert",
+            str(self.webhook_cert),
+            "--webhook-key",
+            str(webhook_key),
+        )
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery_event_operator.cli", "run", "--verbose",
-             "--liveness", self.liveness_url, *self.extra_args],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "celery_event_operator.cli",
+                "run",
+                *(["--verbose"] if self.verbose else []),
+                "--liveness",
+                self.liveness_url,
+                *self.extra_args,
+            ],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
 
         def serving() -> bool:
             if self.process is not None and self.process.poll() is not None:
@@ -58,16 +100,21 @@ class OperatorProcess:
                     return True
             except OSError:
                 return False
-        waiting.eventually(serving, timeout=30, interval=0.2,
-                           message=f"the operator's liveness endpoint never answered:\n{self.log()}")
+
+        waiting.eventually(
+            serving, timeout=30, interval=0.2, message=f"the operator's liveness endpoint never answered:\n{self.log()}"
+        )
         return self
 
     def admit(self, review: dict[str, Any]) -> dict[str, Any]:
         """POST an AdmissionReview to the webhook over HTTPS, as the API server does."""
         context = ssl.create_default_context(cafile=str(self.webhook_cert))
         request = urllib.request.Request(
-            f"https://127.0.0.1:{self.webhook_port}/inject-celery-settings", data=json.dumps(review).encode(),
-            headers={"Content-Type": "application/json"}, method="POST")
+            f"https://127.0.0.1:{self.webhook_port}/inject-celery-settings",
+            data=json.dumps(review).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(request, context=context, timeout=10) as response:
             answer: dict[str, Any] = json.loads(response.read())
             return answer
@@ -94,3 +141,22 @@ class OperatorProcess:
                 self.process.kill()
                 self.process.wait(5)
         self._log.close()
+
+
+def admission_review(pod: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+    """A pod's CREATE as the API server sends it to a mutating webhook."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }

@@ -21,9 +21,16 @@ from tests.support.operator_process import free_port
 
 
 class PrivateRabbit:
-    def __init__(self, base: pathlib.Path, tls: tuple[pathlib.Path, pathlib.Path] | None = None) -> None:
-        """`tls`: a certificate (also the CA) and its key, for an amqps:// listener beside the plain one."""
+    def __init__(
+        self,
+        base: pathlib.Path,
+        tls: tuple[pathlib.Path, pathlib.Path] | None = None,
+        client_ca: pathlib.Path | None = None,
+    ) -> None:
+        """`tls`: a certificate (also the CA) and its key, for an amqps:// listener beside the plain one;
+        `client_ca`: the listener then requires a client certificate signed by it."""
         self.base = base
+        self.client_ca = client_ca
         self.name = f"ceo-private-{secrets.token_hex(3)}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
@@ -51,9 +58,17 @@ class PrivateRabbit:
         config = f"listeners.tcp.local = 127.0.0.1:{self.port}\nloopback_users = none\n"
         if self.tls is not None:
             certificate, key = (shutil.copy(path, self.base / path.name) for path in self.tls)
-            config += (f"listeners.ssl.local = 127.0.0.1:{self.tls_port}\nssl_options.cacertfile = {certificate}\n"
-                       f"ssl_options.certfile = {certificate}\nssl_options.keyfile = {key}\n"
-                       "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n")
+            authorities = self.base / "ca.pem"
+            authorities.write_text(
+                pathlib.Path(certificate).read_text() + (self.client_ca.read_text() if self.client_ca else "")
+            )
+            verify = "verify_peer" if self.client_ca else "verify_none"
+            config += (
+                f"listeners.ssl.local = 127.0.0.1:{self.tls_port}\nssl_options.cacertfile = {authorities}\n"
+                f"ssl_options.certfile = {certificate}\nssl_options.keyfile = {key}\n"
+                f"ssl_options.verify = {verify}\n"
+                f"ssl_options.fail_if_no_peer_cert = {'true' if self.client_ca else 'false'}\n"
+            )
         (self.base / "rabbitmq.conf").write_text(config)
         (self.base / "enabled_plugins").write_text("[].\n")
         shutil.chown(self.base, "rabbitmq", "rabbitmq")
@@ -71,15 +86,19 @@ class PrivateRabbit:
         if shutil.which("rabbitmq-server") is None:
             raise RuntimeError("rabbitmq-server is not installed (./dev setup installs it)")
         self._prepare()
-        subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True, timeout=60,
-                       capture_output=True)
-        waiting.eventually(self._accepts, timeout=timeout, interval=0.5,
-                           message=f"the private RabbitMQ node did not start; see {self.base / 'log'}")
+        subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True, timeout=60, capture_output=True)
+        waiting.eventually(
+            self._accepts,
+            timeout=timeout,
+            interval=0.5,
+            message=f"the private RabbitMQ node did not start; see {self.base / 'log'}",
+        )
         return self
 
     def stop(self, timeout: float = 60) -> None:
-        subprocess.run(["rabbitmqctl", "-n", self.name, "stop"], env=self._env(), check=False, timeout=timeout,
-                       capture_output=True)
+        subprocess.run(
+            ["rabbitmqctl", "-n", self.name, "stop"], env=self._env(), check=False, timeout=timeout, capture_output=True
+        )
         # Best effort, as before: a node that lingers past the deadline is left to its own stop.
         with contextlib.suppress(AssertionError):
             waiting.eventually(lambda: not self._accepts(), timeout=timeout, interval=0.2)

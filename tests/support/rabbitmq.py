@@ -12,6 +12,9 @@ import urllib.request
 from typing import Any
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+# Queue depths in status come from the management API, whose figures are the broker's statistics,
+# refreshed every collect_statistics_interval (RabbitMQ's default: 5 s): a change shows that much later.
+STATS_LAG_SECONDS = 5.0
 
 
 class BrokerUnavailableError(RuntimeError):
@@ -29,12 +32,14 @@ class Management:
         credentials = f"{user}:{password}"
         self._auth = "Basic " + base64.b64encode(credentials.encode()).decode()
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
         request = urllib.request.Request(
-            self.base + "/api" + path, method=method,
+            self.base + "/api" + path,
+            method=method,
             data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": self._auth, "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
+            headers={"Authorization": self._auth, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             payload = response.read()
             return json.loads(payload) if payload else None
 
@@ -49,21 +54,26 @@ def check_reachable(amqp_url: str) -> None:
     except OSError as exc:
         raise BrokerUnavailableError(
             f"no RabbitMQ answers at {parts.hostname}:{parts.port or 5672} (AMQP_URL). "
-            "Run the tests with `./dev test`, which starts one, or point AMQP_URL at a broker.") from exc
+            "Run the tests with `./dev test`, which starts one, or point AMQP_URL at a broker."
+        ) from exc
 
 
 def create_vhost(management: Management, prefix: str = "ceo-test") -> str:
     vhost = f"{prefix}-{secrets.token_hex(4)}"
     user = management.request("GET", "/whoami")["name"]
     management.request("PUT", f"/vhosts/{management.vhost_path(vhost)}", {})
-    management.request("PUT", f"/permissions/{management.vhost_path(vhost)}/{urllib.parse.quote(user)}",
-                       {"configure": ".*", "write": ".*", "read": ".*"})
+    management.request(
+        "PUT",
+        f"/permissions/{management.vhost_path(vhost)}/{urllib.parse.quote(user)}",
+        {"configure": ".*", "write": ".*", "read": ".*"},
+    )
     return vhost
 
 
 def delete_vhost(management: Management, vhost: str) -> None:
     try:
-        management.request("DELETE", f"/vhosts/{management.vhost_path(vhost)}")
+        # A vhost of thousands of queues (the benchmarks') takes a while to go.
+        management.request("DELETE", f"/vhosts/{management.vhost_path(vhost)}", timeout=300)
     except urllib.error.HTTPError as exc:
         if exc.code != 404:
             raise
@@ -78,9 +88,14 @@ def snapshot(management: Management, vhost: str) -> dict[str, Any]:
     """What a vhost holds, as the management API reports it (the broker's own entities left out)."""
     path = management.vhost_path(vhost)
     queues = {q["name"]: q["arguments"] for q in management.request("GET", f"/queues/{path}")}
-    exchanges = {e["name"]: e["type"] for e in management.request("GET", f"/exchanges/{path}")
-                 if e["name"] and not e["name"].startswith("amq.")}
-    bindings = {(b["source"], b["destination"], b["routing_key"])
-                for b in management.request("GET", f"/bindings/{path}")
-                if b["source"] and b["destination_type"] == "queue"}
+    exchanges = {
+        e["name"]: e["type"]
+        for e in management.request("GET", f"/exchanges/{path}")
+        if e["name"] and not e["name"].startswith("amq.")
+    }
+    bindings = {
+        (b["source"], b["destination"], b["routing_key"])
+        for b in management.request("GET", f"/bindings/{path}")
+        if b["source"] and b["destination_type"] == "queue"
+    }
     return {"queues": queues, "exchanges": exchanges, "bindings": bindings}

@@ -9,9 +9,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def eventually(probe: Callable[[], T], timeout: float = 10, interval: float = 0.1,
-               message: str = "condition not reached",
-               retrying: tuple[type[BaseException], ...] = (AssertionError,)) -> T:
+def eventually(
+    probe: Callable[[], T],
+    timeout: float = 10,
+    interval: float = 0.1,
+    message: str = "condition not reached",
+    retrying: tuple[type[BaseException], ...] = (AssertionError,),
+) -> T:
     """Poll until `probe` returns a truthy value (returned); exceptions in `retrying` count as "not yet"."""
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
@@ -27,8 +31,7 @@ def eventually(probe: Callable[[], T], timeout: float = 10, interval: float = 0.
         time.sleep(interval)
 
 
-def stays(probe: Callable[[], object], seconds: float, interval: float = 0.1,
-          message: str = "condition broke") -> None:
+def stays(probe: Callable[[], object], seconds: float, interval: float = 0.1, message: str = "condition broke") -> None:
     """Check that `probe` holds throughout `seconds` (something must *not* happen); fails at once when not."""
     deadline = time.monotonic() + seconds
     while True:

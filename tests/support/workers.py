@@ -35,8 +35,9 @@ def as_kubelet_would(pod: dict[str, Any], client: KubeClient, mount_root: pathli
 class Worker:
     """`celery -A <module> worker` in `app_dir`, with exactly the given env (plus PATH/HOME)."""
 
-    def __init__(self, app_dir: pathlib.Path, module: str, env: dict[str, str], log_path: pathlib.Path,
-                 *options: str) -> None:
+    def __init__(
+        self, app_dir: pathlib.Path, module: str, env: dict[str, str], log_path: pathlib.Path, *options: str
+    ) -> None:
         self.app_dir = app_dir
         self.env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
         self.command = [sys.executable, "-m", "celery", "-A", module, "worker", "--loglevel=INFO", *options]
@@ -45,8 +46,9 @@ class Worker:
 
     def start(self, timeout: float = 60) -> Worker:
         log = self.log_path.open("ab")
-        self.process = subprocess.Popen(self.command, cwd=self.app_dir, env=self.env, stdout=log,
-                                        stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            self.command, cwd=self.app_dir, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
         started_at = self.log_path.stat().st_size
 
         def ready() -> bool:
@@ -54,6 +56,7 @@ class Worker:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the worker exited:\n{self.log()[-5000:]}")
             return " ready." in self.log_path.read_text(errors="replace")[started_at:]
+
         waiting.eventually(ready, timeout=timeout, interval=0.2, message="the worker did not get ready")
         return self
 
@@ -62,13 +65,26 @@ class Worker:
 
     def run(self, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Python code in the same environment and directory (a producer, an inspection)."""
-        return subprocess.run([sys.executable, "-c", code], cwd=self.app_dir, env=self.env, capture_output=True,
-                              text=True, timeout=timeout, check=True)
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=self.app_dir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
 
     def spawn(self, code: str) -> subprocess.Popen[str]:
         """Like `run`, without waiting for it (a producer that keeps going while the test acts)."""
-        return subprocess.Popen([sys.executable, "-c", code], cwd=self.app_dir, env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=self.app_dir,
+            env=self.env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     def kill(self) -> None:
         assert self.process is not None

@@ -20,14 +20,14 @@ def timestamp(moment: datetime.datetime) -> str:
 
 
 def updated(
-        existing: Iterable[Mapping[str, Any]],
-        *,
-        type: str,
-        status: ConditionStatus,
-        reason: str,
-        message: str,
-        generation: int | None,
-        now: datetime.datetime,
+    existing: Iterable[Mapping[str, Any]],
+    *,
+    type: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime.datetime,
 ) -> list[dict[str, Any]]:
     """The conditions with `type` set; other conditions are kept as they are, in their order."""
     result: list[dict[str, Any]] = []
@@ -45,10 +45,17 @@ def updated(
     return result
 
 
-def _render(type: str, status: ConditionStatus, reason: str, message: str, *,
-            generation: int | None, since: str) -> dict[str, Any]:
-    condition = Condition(type=type, status=status, reason=reason, message=message,
-                          observed_generation=generation, last_transition_time=since)
+def _render(
+    type: str, status: ConditionStatus, reason: str, message: str, *, generation: int | None, since: str
+) -> dict[str, Any]:
+    condition = Condition(
+        type=type,
+        status=status,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        last_transition_time=since,
+    )
     return condition.model_dump(by_alias=True, exclude_none=True)
 
 

@@ -15,19 +15,38 @@ import yaml
 from celery_event_operator.api import models
 
 # Keywords a structural CRD schema may carry over from pydantic's output.
-_KEPT_KEYWORDS = frozenset({
-    "type", "description", "default", "enum", "format", "pattern",
-    "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems",
-    "properties", "items", "required",
-    "x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
-})
+_KEPT_KEYWORDS = frozenset(
+    {
+        "type",
+        "description",
+        "default",
+        "enum",
+        "format",
+        "pattern",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "properties",
+        "items",
+        "required",
+        "x-kubernetes-validations",
+        "x-kubernetes-list-type",
+        "x-kubernetes-list-map-keys",
+    }
+)
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-    {"name": "Reason", "type": "string", "priority": 1,
-     "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
-    {"name": "Queue", "type": "integer", "jsonPath": ".status.queueLength",
-     "description": "Messages waiting in the handler queues"},
+    {"name": "Reason", "type": "string", "priority": 1, "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+    {
+        "name": "Queue",
+        "type": "integer",
+        "jsonPath": ".status.queueLength",
+        "description": "Messages waiting in the handler queues",
+    },
     {"name": "Retrying", "type": "integer", "priority": 1, "jsonPath": ".status.retrying"},
     {"name": "Archived", "type": "integer", "priority": 1, "jsonPath": ".status.archived"},
     {"name": "Consumers", "type": "integer", "jsonPath": ".status.consumers"},
@@ -35,15 +54,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
-# The root rule sees metadata.name, which the spec's own schema cannot: without spec.serviceName,
-# the name becomes the prefix of every RabbitMQ name and must be a valid one.
-ROOT_VALIDATIONS = [
-    models.cel(
-        f"has(self.spec.serviceName) || (size(self.metadata.name) <= {models.SERVICE_NAME_MAX_LENGTH}"
-        f" && self.metadata.name.matches('{models.SERVICE_NAME_PATTERN}'))",
-        "metadata.name cannot prefix RabbitMQ names: set spec.serviceName",
-    ),
-]
+# The root rule sees metadata.name, which the spec's own schema cannot.
+ROOT_VALIDATIONS = [models.SERVICE_NAME_RULE.rendered()]
 
 
 def _inline(node: Any, definitions: dict[str, Any]) -> Any:
@@ -130,21 +142,23 @@ def custom_resource_definition() -> dict[str, Any]:
                 "shortNames": list(models.SHORT_NAMES),
                 "categories": ["celery"],
             },
-            "versions": [{
-                "name": models.VERSION,
-                "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": open_api_schema()},
-                "subresources": {
-                    "status": {},
-                    "scale": {
-                        "specReplicasPath": ".spec.workers.replicas",
-                        "statusReplicasPath": ".status.replicas",
-                        "labelSelectorPath": ".status.selector",
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": open_api_schema()},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.workers.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
                     },
-                },
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-            }],
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
         },
     }
 

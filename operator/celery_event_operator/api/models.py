@@ -7,11 +7,15 @@ CRD, a cluster without validation) is still caught before anything reaches the b
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+
+from celery_event_operator.errors import InvalidSpecError
 
 GROUP = "celeryevents.io"
 VERSION = "v1alpha1"
@@ -44,22 +48,42 @@ _SERVICE_NAME_RE = re.compile(SERVICE_NAME_PATTERN)
 JsonDict = dict[str, JsonValue]
 
 
-def cel(rule: str, message: str) -> JsonDict:
-    """One `x-kubernetes-validations` entry."""
-    return {"rule": rule, "message": message}
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One rule of the API, written once: CEL for the API server, the same check in the operator, one message.
+
+    `check` is the rule over the model; a transition rule (one naming `oldSelf`) has none: it keeps the field
+    `immutable` as it was at creation, which the operator checks against the last spec it accepted.
+    """
+
+    cel: str
+    message: str
+    check: Callable[[Any], bool] | None = None
+    immutable: str | None = None  # the field (camelCase) a transition rule keeps unchanged
+
+    def rendered(self) -> JsonDict:
+        """Its `x-kubernetes-validations` entry."""
+        return {"rule": self.cel, "message": self.message}
 
 
-def immutable_optional(field: str) -> JsonDict:
-    """A transition rule for an optional field: it cannot be set, unset, or changed after creation."""
-    return cel(
-        f"has(self.{field}) == has(oldSelf.{field})"
-        f" && (!has(self.{field}) || self.{field} == oldSelf.{field})",
-        f"{field} is immutable",
-    )
+def immutable(field: str, *, optional: bool = False) -> Rule:
+    """A field that cannot change after creation (an optional one can neither be set nor unset)."""
+    cel = f"self.{field} == oldSelf.{field}"
+    if optional:
+        cel = f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || {cel})"
+    return Rule(cel, f"{field} is immutable", immutable=field)
+
+
+def _render_rules(schema: dict[str, JsonValue], cls: type[BaseModel]) -> None:
+    rules: tuple[Rule, ...] = getattr(cls, "RULES", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [rule.rendered() for rule in rules]
 
 
 class Model(BaseModel):
     """camelCase on the wire, snake_case in Python; unknown fields are an error, as with kubectl."""
+
+    RULES: ClassVar[tuple[Rule, ...]] = ()  # checked here, rendered into the CRD (crd.py)
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -67,145 +91,248 @@ class Model(BaseModel):
         extra="forbid",
         frozen=True,
         strict=True,  # "10" is not an integer to the API server either
+        json_schema_extra=_render_rules,
     )
+
+    @model_validator(mode="after")
+    def _rules_hold(self) -> Self:
+        for rule in type(self).RULES:
+            if rule.check is not None and not rule.check(self):
+                raise ValueError(rule.message)
+        return self
 
 
 class SecretKeyRef(Model):
-    name: Annotated[str, Field(pattern=K8S_NAME_PATTERN, max_length=253,
-                               description="Name of the Secret in the resource's namespace.")]
-    key: Annotated[str, Field(pattern=K8S_KEY_PATTERN, max_length=253,
-                              description="Key holding the broker URL.")] = "url"
+    name: Annotated[
+        str,
+        Field(pattern=K8S_NAME_PATTERN, max_length=253, description="Name of the Secret in the resource's namespace."),
+    ]
+    key: Annotated[str, Field(pattern=K8S_KEY_PATTERN, max_length=253, description="Key holding the broker URL.")] = (
+        "url"
+    )
 
 
 class Broker(Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [immutable_optional("vhost")]})
+    RULES = (immutable("vhost", optional=True),)
 
-    secret_ref: Annotated[SecretKeyRef, Field(description=(
-        "Secret key holding the broker URL, amqp[s]://user:pass@host:port/vhost; "
-        "several URLs separated by ';' form a failover list."))]
-    failover_strategy: Annotated[Literal["round-robin", "shuffle"], Field(
-        description="How kombu walks the failover list.")] = "round-robin"
-    vhost: Annotated[str | None, Field(
-        default=None, pattern=VHOST_PATTERN, max_length=255,
-        description="Virtual host of the topology; overrides the URL's path. Immutable.")] = None
-    management_url: Annotated[str | None, Field(
-        default=None, alias="managementURL", pattern=r"^https?://[^\s]+$", max_length=2048,
-        description=("RabbitMQ management API base URL (no credentials: those of the broker URL are used); "
-                     "derived from the broker host when unset."))] = None
+    secret_ref: Annotated[
+        SecretKeyRef,
+        Field(
+            description=(
+                "Secret key holding the broker URL, amqp[s]://user:pass@host:port/vhost; "
+                "several URLs separated by ';' form a failover list."
+            )
+        ),
+    ]
+    failover_strategy: Annotated[
+        Literal["round-robin", "shuffle"], Field(description="How kombu walks the failover list.")
+    ] = "round-robin"
+    vhost: Annotated[
+        str | None,
+        Field(
+            default=None,
+            pattern=VHOST_PATTERN,
+            max_length=255,
+            description="Virtual host of the topology; overrides the URL's path. Immutable.",
+        ),
+    ] = None
+    management_url: Annotated[
+        str | None,
+        Field(
+            default=None,
+            alias="managementURL",
+            pattern=r"^https?://[^\s]+$",
+            max_length=2048,
+            description=(
+                "RabbitMQ management API base URL (no credentials: those of the broker URL are used); "
+                "derived from the broker host when unset."
+            ),
+        ),
+    ] = None
 
 
 class EventHandler(Model):
-    name: Annotated[str, Field(pattern=EVENT_NAME_PATTERN, min_length=1, max_length=EVENT_NAME_MAX_LENGTH,
-                               description="Event name = routing key; consumed from queue `<serviceName>.<name>`.")]
+    name: Annotated[
+        str,
+        Field(
+            pattern=EVENT_NAME_PATTERN,
+            min_length=1,
+            max_length=EVENT_NAME_MAX_LENGTH,
+            description="Event name = routing key; consumed from queue `<serviceName>.<name>`.",
+        ),
+    ]
 
 
 class Events(Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        cel("self.exchange == oldSelf.exchange", "exchange is immutable"),
-        cel("!self.exchange.startsWith('amq.')", "exchange names starting with 'amq.' are reserved by RabbitMQ"),
-        cel("self.handlers.all(h, h.name != 'celeryev')",
-            "'celeryev' is reserved: the queue <serviceName>.celeryev carries the service's Celery events"),
-    ]})
+    RULES = (
+        immutable("exchange"),
+        Rule(
+            "!self.exchange.startsWith('amq.')",
+            "exchange names starting with 'amq.' are reserved by RabbitMQ",
+            lambda events: not events.exchange.startswith("amq."),
+        ),
+        Rule(
+            "self.handlers.all(h, h.name != 'celeryev')",
+            "'celeryev' is reserved: the queue <serviceName>.celeryev carries the service's Celery events",
+            lambda events: all(handler.name != "celeryev" for handler in events.handlers),
+        ),
+    )
 
-    exchange: Annotated[str, Field(pattern=EXCHANGE_NAME_PATTERN, min_length=1, max_length=200,
-                                   description="Shared topic exchange of the vhost; never deleted by the operator.")
-                        ] = "events"
-    handlers: Annotated[list[EventHandler], Field(
-        max_length=500,
-        description="Events this service consumes; one queue each.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    )] = []
+    exchange: Annotated[
+        str,
+        Field(
+            pattern=EXCHANGE_NAME_PATTERN,
+            min_length=1,
+            max_length=200,
+            description="Shared topic exchange of the vhost; never deleted by the operator.",
+        ),
+    ] = "events"
+    handlers: Annotated[
+        list[EventHandler],
+        Field(
+            max_length=500,
+            description="Events this service consumes; one queue each.",
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        ),
+    ] = []
 
     @model_validator(mode="after")
-    def _valid_exchange_and_unique_handlers(self) -> Events:
-        if self.exchange.startswith("amq."):
-            raise ValueError("exchange names starting with 'amq.' are reserved by RabbitMQ")
+    def _unique_handlers(self) -> Events:
+        # The CRD says it with `x-kubernetes-list-map-keys: [name]`, which is no CEL rule.
         names = [handler.name for handler in self.handlers]
         if len(names) != len(set(names)):
             raise ValueError("handler names must be unique")
-        if "celeryev" in names:
-            raise ValueError("'celeryev' is reserved: the queue <serviceName>.celeryev carries the Celery events")
         return self
 
 
 class Retry(Model):
-    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES_CAP, description=(
-        "Broker-side retry levels; level n delays 2^n seconds. 0 sends a failure straight to the archive."))] = 10
+    max_retries: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=MAX_RETRIES_CAP,
+            description=(
+                "Broker-side retry levels; level n delays 2^n seconds. 0 sends a failure straight to the archive."
+            ),
+        ),
+    ] = 10
 
 
 class Archive(Model):
     enabled: bool = True
-    message_ttl_seconds: Annotated[int, Field(alias="messageTTLSeconds", ge=1, le=4_294_967, description=(
-        "How long an archived event is kept."))] = 604_800
-    max_length: Annotated[int, Field(ge=1, le=100_000_000, description=(
-        "How many archived events are kept; the oldest are dropped first."))] = 10_000
+    message_ttl_seconds: Annotated[
+        int, Field(alias="messageTTLSeconds", ge=1, le=4_294_967, description=("How long an archived event is kept."))
+    ] = 604_800
+    max_length: Annotated[
+        int,
+        Field(ge=1, le=100_000_000, description=("How many archived events are kept; the oldest are dropped first.")),
+    ] = 10_000
 
 
 class ScaleTargetRef(Model):
     api_version: Annotated[Literal["apps/v1"], Field(description="API version of the workload.")] = "apps/v1"
     kind: Annotated[Literal["Deployment", "StatefulSet"], Field(description="Kind of the workload.")] = "Deployment"
-    name: Annotated[str, Field(pattern=K8S_NAME_PATTERN, max_length=253,
-                               description="Name of the workload in the resource's namespace.")]
+    name: Annotated[
+        str,
+        Field(
+            pattern=K8S_NAME_PATTERN, max_length=253, description="Name of the workload in the resource's namespace."
+        ),
+    ]
 
 
 class CelerySettings(Model):
     """The worker settings a service may tune; the ones that keep messages safe are not offered."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        cel("!has(self.softTimeLimitSeconds) || !has(self.timeLimitSeconds)"
+    RULES = (
+        Rule(
+            "!has(self.softTimeLimitSeconds) || !has(self.timeLimitSeconds)"
             " || self.softTimeLimitSeconds < self.timeLimitSeconds",
-            "softTimeLimitSeconds must be below timeLimitSeconds"),
-    ]})
+            "softTimeLimitSeconds must be below timeLimitSeconds",
+            lambda settings: (
+                settings.soft_time_limit_seconds is None
+                or settings.time_limit_seconds is None
+                or settings.soft_time_limit_seconds < settings.time_limit_seconds
+            ),
+        ),
+    )
 
-    prefetch_multiplier: Annotated[int, Field(ge=1, le=1000, description=(
-        "Messages each worker process reserves ahead (worker_prefetch_multiplier)."))] = 1
-    concurrency: Annotated[int | None, Field(default=None, ge=1, le=1000, description=(
-        "Worker processes per pod (worker_concurrency); Celery's default when unset."))] = None
-    time_limit_seconds: Annotated[int | None, Field(default=None, ge=1, le=86_400, description=(
-        "Hard time limit of a task (task_time_limit)."))] = None
-    soft_time_limit_seconds: Annotated[int | None, Field(default=None, ge=1, le=86_400, description=(
-        "Soft time limit of a task (task_soft_time_limit)."))] = None
-
-    @model_validator(mode="after")
-    def _limits_ordered(self) -> CelerySettings:
-        if (self.soft_time_limit_seconds is not None and self.time_limit_seconds is not None
-                and self.soft_time_limit_seconds >= self.time_limit_seconds):
-            raise ValueError("softTimeLimitSeconds must be below timeLimitSeconds")
-        return self
+    prefetch_multiplier: Annotated[
+        int,
+        Field(ge=1, le=1000, description=("Messages each worker process reserves ahead (worker_prefetch_multiplier).")),
+    ] = 1
+    concurrency: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=1,
+            le=1000,
+            description=("Worker processes per pod (worker_concurrency); Celery's default when unset."),
+        ),
+    ] = None
+    time_limit_seconds: Annotated[
+        int | None, Field(default=None, ge=1, le=86_400, description=("Hard time limit of a task (task_time_limit)."))
+    ] = None
+    soft_time_limit_seconds: Annotated[
+        int | None,
+        Field(default=None, ge=1, le=86_400, description=("Soft time limit of a task (task_soft_time_limit).")),
+    ] = None
 
 
 class Workers(Model):
     scale_target_ref: Annotated[ScaleTargetRef, Field(description="The workload running this service's workers.")]
-    rollout_on_change: Annotated[bool, Field(description=(
-        "Roll the workers when the injected settings change."))] = True
-    replicas: Annotated[int | None, Field(default=None, ge=0, le=10_000, description=(
-        "Desired workers (the scale subresource): applied to the target when autoscaling is off."))] = None
-    celery: Annotated[CelerySettings | None, Field(default=None, description=(
-        "Worker settings to tune; the rest is fixed by the operator."))] = None
+    rollout_on_change: Annotated[bool, Field(description=("Roll the workers when the injected settings change."))] = (
+        True
+    )
+    replicas: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=0,
+            le=10_000,
+            description=("Desired workers (the scale subresource): applied to the target when autoscaling is off."),
+        ),
+    ] = None
+    celery: Annotated[
+        CelerySettings | None,
+        Field(default=None, description=("Worker settings to tune; the rest is fixed by the operator.")),
+    ] = None
 
 
 class Autoscaling(Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        cel("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas"),
-    ]})
+    RULES = (
+        Rule(
+            "self.minReplicas <= self.maxReplicas",
+            "minReplicas must not exceed maxReplicas",
+            lambda autoscaling: autoscaling.min_replicas <= autoscaling.max_replicas,
+        ),
+    )
 
     enabled: bool = False
     min_replicas: Annotated[int, Field(ge=0, le=10_000)] = 1
     max_replicas: Annotated[int, Field(ge=1, le=10_000)] = 10
-    messages_per_replica: Annotated[int, Field(ge=1, le=1_000_000, description=(
-        "Waiting messages one worker replica is meant for: desired = ceil(queueLength / this)."))] = 20
-    activation_queue_length: Annotated[int, Field(ge=0, le=1_000_000, description=(
-        "From zero replicas, scale up only when more messages than this wait."))] = 0
-    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=86_400, description=(
-        "Scale down only to the highest replica count recommended within this window."))] = 300
-    scale_up_limit_per_interval: Annotated[int, Field(ge=0, le=10_000, description=(
-        "Most replicas added per status interval; 0: no limit."))] = 0
-
-    @model_validator(mode="after")
-    def _bounds_ordered(self) -> Autoscaling:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("minReplicas must not exceed maxReplicas")
-        return self
+    messages_per_replica: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=1_000_000,
+            description=("Waiting messages one worker replica is meant for: desired = ceil(queueLength / this)."),
+        ),
+    ] = 20
+    activation_queue_length: Annotated[
+        int,
+        Field(ge=0, le=1_000_000, description=("From zero replicas, scale up only when more messages than this wait.")),
+    ] = 0
+    scale_down_stabilization_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=86_400,
+            description=("Scale down only to the highest replica count recommended within this window."),
+        ),
+    ] = 300
+    scale_up_limit_per_interval: Annotated[
+        int, Field(ge=0, le=10_000, description=("Most replicas added per status interval; 0: no limit."))
+    ] = 0
 
 
 class Monitoring(Model):
@@ -213,41 +340,57 @@ class Monitoring(Model):
 
 
 class CeleryEventServiceSpec(Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        immutable_optional("serviceName"),
-        cel("self.queueType == oldSelf.queueType", "queueType is immutable"),
-        cel("!has(self.deliveryLimit) || self.queueType == 'quorum'",
-            "deliveryLimit applies to quorum queues only"),
-        cel("!self.autoscaling.enabled || has(self.workers)",
-            "autoscaling needs workers.scaleTargetRef"),
-    ]})
+    RULES = (
+        immutable("serviceName", optional=True),
+        immutable("queueType"),
+        Rule(
+            "!has(self.deliveryLimit) || self.queueType == 'quorum'",
+            "deliveryLimit applies to quorum queues only",
+            lambda spec: spec.delivery_limit is None or spec.queue_type == "quorum",
+        ),
+        Rule(
+            "!self.autoscaling.enabled || has(self.workers)",
+            "autoscaling needs workers.scaleTargetRef",
+            lambda spec: not spec.autoscaling.enabled or spec.workers is not None,
+        ),
+    )
 
-    service_name: Annotated[str | None, Field(
-        default=None, pattern=SERVICE_NAME_PATTERN, min_length=1, max_length=SERVICE_NAME_MAX_LENGTH,
-        description="Prefix of every queue and exchange; defaults to metadata.name. Immutable.")] = None
+    service_name: Annotated[
+        str | None,
+        Field(
+            default=None,
+            pattern=SERVICE_NAME_PATTERN,
+            min_length=1,
+            max_length=SERVICE_NAME_MAX_LENGTH,
+            description="Prefix of every queue and exchange; defaults to metadata.name. Immutable.",
+        ),
+    ] = None
     broker: Broker
     events: Events = Events()
     retry: Retry = Retry()
     archive: Archive = Archive()
-    queue_type: Annotated[Literal["classic", "quorum"], Field(description=(
-        "Queue type of every queue of the service. Immutable."))] = "classic"
-    delivery_limit: Annotated[int | None, Field(default=None, ge=1, le=1000, description=(
-        "Quorum only: deliveries before a message is dead-lettered (default 20)."))] = None
-    deletion_policy: Annotated[Literal["retain", "delete"], Field(description=(
-        "What happens to the service's queues and exchanges when the resource is deleted."))] = "retain"
+    queue_type: Annotated[
+        Literal["classic", "quorum"], Field(description=("Queue type of every queue of the service. Immutable."))
+    ] = "classic"
+    delivery_limit: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=1,
+            le=1000,
+            description=("Quorum only: deliveries before a message is dead-lettered (default 20)."),
+        ),
+    ] = None
+    deletion_policy: Annotated[
+        Literal["retain", "delete"],
+        Field(description=("What happens to the service's queues and exchanges when the resource is deleted.")),
+    ] = "retain"
     workers: Workers | None = None
-    status_interval_seconds: Annotated[int, Field(ge=1, le=3600, description=(
-        "How often queue lengths are read into status and autoscaling decides."))] = 15
+    status_interval_seconds: Annotated[
+        int, Field(ge=1, le=3600, description=("How often queue lengths are read into status and autoscaling decides."))
+    ] = 15
     autoscaling: Autoscaling = Autoscaling()
     monitoring: Monitoring = Monitoring()
-
-    @model_validator(mode="after")
-    def _cross_field_rules(self) -> CeleryEventServiceSpec:
-        if self.delivery_limit is not None and self.queue_type != "quorum":
-            raise ValueError("deliveryLimit applies to quorum queues only")
-        if self.autoscaling.enabled and self.workers is None:
-            raise ValueError("autoscaling needs workers.scaleTargetRef")
-        return self
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -264,32 +407,45 @@ class Condition(Model):
 
 class CeleryEventServiceStatus(Model):
     observed_generation: Annotated[int | None, Field(default=None, ge=0)] = None
-    conditions: Annotated[list[Condition], Field(
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )] = []
-    queue_length: Annotated[int | None, Field(default=None, ge=0, description=(
-        "Messages waiting in the handler queues (ready + unacked when the management API is reachable)."))] = None
+    conditions: Annotated[
+        list[Condition],
+        Field(
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        ),
+    ] = []
+    queue_length: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=0,
+            description=(
+                "Messages waiting in the handler queues (ready + unacked when the management API is reachable)."
+            ),
+        ),
+    ] = None
     retrying: Annotated[int | None, Field(default=None, ge=0, description="Messages in retry levels.")] = None
     archived: Annotated[int | None, Field(default=None, ge=0, description="Messages in the archive.")] = None
-    consumers: Annotated[int | None, Field(default=None, ge=0, description="Consumers of the handler queues.")
-                         ] = None
+    consumers: Annotated[int | None, Field(default=None, ge=0, description="Consumers of the handler queues.")] = None
     replicas: Annotated[int | None, Field(default=None, ge=0, description="Workers currently running.")] = None
     desired_replicas: Annotated[int | None, Field(default=None, ge=0)] = None
     selector: Annotated[str | None, Field(default=None, description="Label selector of the worker pods.")] = None
     last_scale_time: Annotated[str | None, Field(default=None, json_schema_extra={"format": "date-time"})] = None
 
 
-class InvalidSpecError(ValueError):
-    """The resource's spec cannot be acted on; the message is safe to show in status and Events."""
+# At the root of the resource, where metadata.name is seen (the spec's own schema cannot see it): without
+# spec.serviceName, the name prefixes every RabbitMQ name and must be a valid one.
+SERVICE_NAME_RULE = Rule(
+    f"has(self.spec.serviceName) || (size(self.metadata.name) <= {SERVICE_NAME_MAX_LENGTH}"
+    f" && self.metadata.name.matches('{SERVICE_NAME_PATTERN}'))",
+    "metadata.name cannot prefix RabbitMQ names: set spec.serviceName",
+)
 
 
 def effective_service_name(spec: CeleryEventServiceSpec, resource_name: str) -> str:
     """`spec.serviceName`, else the resource name — which the CRD's schema cannot constrain."""
     name = spec.service_name or resource_name
     if len(name) > SERVICE_NAME_MAX_LENGTH or not _SERVICE_NAME_RE.match(name):
-        raise InvalidSpecError(
-            f"metadata.name {name!r} cannot prefix RabbitMQ names; set spec.serviceName "
-            f"(lowercase letters, digits and '-', at most {SERVICE_NAME_MAX_LENGTH})")
+        raise InvalidSpecError(SERVICE_NAME_RULE.message)
     return name
 
 

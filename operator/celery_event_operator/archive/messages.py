@@ -10,9 +10,21 @@ from typing import Any
 
 from celery_event_operator.naming import ARCHIVED_AT_HEADER, EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
 
-RESET_HEADERS = frozenset({"x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
-                           "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
-                           EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER, ARCHIVED_AT_HEADER, "x-delivery-count"})
+RESET_HEADERS = frozenset(
+    {
+        "x-death",
+        "x-first-death-exchange",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-last-death-exchange",
+        "x-last-death-queue",
+        "x-last-death-reason",
+        EXCEPTION_HEADER,
+        EXCEPTION_TYPE_HEADER,
+        ARCHIVED_AT_HEADER,
+        "x-delivery-count",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +72,23 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def describe(position: int, body: bytes, headers: Mapping[str, Any], properties: Mapping[str, Any],
-             routing_key: str) -> Archived:
+def describe(
+    position: int, body: bytes, headers: Mapping[str, Any], properties: Mapping[str, Any], routing_key: str
+) -> Archived:
     headers = dict(headers or {})
 
     def archived(kind: str, task_id: Any, attempts: int | None, summary: str) -> Archived:
-        return Archived(position=position, event=routing_key, kind=kind,
-                        task_id=None if task_id is None else str(task_id), attempts=attempts,
-                        exception=_exception(headers), archived_at=_archived_at(headers), summary=summary)
+        return Archived(
+            position=position,
+            event=routing_key,
+            kind=kind,
+            task_id=None if task_id is None else str(task_id),
+            attempts=attempts,
+            exception=_exception(headers),
+            archived_at=_archived_at(headers),
+            summary=summary,
+        )
+
     try:
         decoded = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -96,8 +117,9 @@ def replay_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def selected(item: Archived, *, event: str | None, older_than: float | None, newer_than: float | None,
-             now: float) -> bool:
+def selected(
+    item: Archived, *, event: str | None, older_than: float | None, newer_than: float | None, now: float
+) -> bool:
     if event is not None and item.event != event:
         return False
     age = item.age(now)
@@ -108,8 +130,18 @@ def selected(item: Archived, *, event: str | None, older_than: float | None, new
 
 def table(items: list[Archived], now: float) -> str:
     columns = ("#", "EVENT", "TASK ID", "ATTEMPTS", "AGE", "EXCEPTION", "CONTENT")
-    rows = [(str(item.position), item.event, item.task_id or "-", "-" if item.attempts is None else str(item.attempts),
-             _human(item.age(now)), (item.exception or "-")[:60], item.summary) for item in items]
+    rows = [
+        (
+            str(item.position),
+            item.event,
+            item.task_id or "-",
+            "-" if item.attempts is None else str(item.attempts),
+            _human(item.age(now)),
+            (item.exception or "-")[:60],
+            item.summary,
+        )
+        for item in items
+    ]
     widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(columns)]
     lines = ["  ".join(column.ljust(width) for column, width in zip(columns, widths, strict=True)).rstrip()]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]

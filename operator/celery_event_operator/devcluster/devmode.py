@@ -16,6 +16,7 @@ from celery_event_operator.api import crd
 from celery_event_operator.devcluster import sample_worker
 from celery_event_operator.devcluster.manifests import create_all, load_documents
 from celery_event_operator.devcluster.server import serve, write_kubeconfig
+from celery_event_operator.options import OperatorOptions
 
 
 def with_broker_url(documents: Iterable[dict[str, Any]], broker_url: str) -> Iterator[dict[str, Any]]:
@@ -27,19 +28,32 @@ def with_broker_url(documents: Iterable[dict[str, Any]], broker_url: str) -> Ite
             yield document
 
 
-async def _sample_worker(url: str, broker_url: str, examples: pathlib.Path, state_dir: pathlib.Path,
-                         stop: asyncio.Event) -> None:
+async def _sample_worker(
+    url: str, broker_url: str, examples: pathlib.Path, state_dir: pathlib.Path, stop: asyncio.Event
+) -> None:
     try:
         async with sample_worker.running(url, broker_url, examples, state_dir):
-            print(f"Sample worker {sample_worker.POD_NAME} runs examples/app/billing_app.py with an event a second "
-                  f"(log: {state_dir / 'sample-worker.log'}).", flush=True)
+            print(
+                f"Sample worker {sample_worker.POD_NAME} runs examples/app/billing_app.py with an event a second "
+                f"(log: {state_dir / 'sample-worker.log'}).",
+                flush=True,
+            )
             await stop.wait()
     except (LookupError, OSError) as exc:
         print(f"The sample worker did not start: {exc}", flush=True)
 
 
-async def main(*, api_port: int, state_dir: pathlib.Path, broker_url: str, examples: list[pathlib.Path],
-               liveness: str | None, verbose: bool, with_sample_worker: bool = True) -> int:
+async def main(
+    *,
+    options: OperatorOptions,
+    api_port: int,
+    state_dir: pathlib.Path,
+    broker_url: str,
+    examples: list[pathlib.Path],
+    liveness: str | None,
+    verbose: bool,
+    with_sample_worker: bool = True,
+) -> int:
     kopf.configure(verbose=verbose)
     # One access-log line per API request drowns the operator's own log.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
@@ -52,26 +66,33 @@ async def main(*, api_port: int, state_dir: pathlib.Path, broker_url: str, examp
         @kopf.on.login()
         def login_to_embedded_api(**_: Any) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=url, default_namespace="default")
-        documents = [crd.custom_resource_definition(),
-                     *with_broker_url(load_documents(examples), broker_url)]
+
+        documents = [crd.custom_resource_definition(), *with_broker_url(load_documents(examples), broker_url)]
         created = await create_all(url, documents)
-        print(f"Embedded Kubernetes API at {url} (no cluster needed); created: {', '.join(created)}\n"
-              f"In another shell:\n"
-              f"  export KUBECONFIG={kubeconfig}\n"
-              f"  kubectl get ces\n"
-              f"  kubectl apply --validate=false -f examples/shipping-quorum.yaml\n"
-              f"  .venv/bin/celery-event-operator topology billing\n"
-              f"Stop with Ctrl-C.", flush=True)
-        metrics_port = os.environ.get("CELERY_EVENT_OPERATOR_METRICS_PORT", "")
-        if metrics_port and metrics_port != "0":
-            print(f"  curl -s http://127.0.0.1:{metrics_port}/metrics | grep celery_task", flush=True)
+        print(
+            f"Embedded Kubernetes API at {url} (no cluster needed); created: {', '.join(created)}\n"
+            f"In another shell:\n"
+            f"  export KUBECONFIG={kubeconfig}\n"
+            f"  kubectl get ces\n"
+            f"  kubectl apply --validate=false -f examples/shipping-quorum.yaml\n"
+            f"  .venv/bin/celery-event-operator topology billing\n"
+            f"Stop with Ctrl-C.",
+            flush=True,
+        )
+        if options.metrics_port:
+            print(f"  curl -s http://127.0.0.1:{options.metrics_port}/metrics | grep celery_task", flush=True)
         stop = asyncio.Event()
         # The sample app lives beside the sample manifests (examples/app/).
         examples_dir = examples[0].parent if examples else pathlib.Path("examples")
-        worker = (asyncio.create_task(_sample_worker(url, broker_url, examples_dir, state_dir, stop))
-                  if with_sample_worker else None)
+        worker = (
+            asyncio.create_task(_sample_worker(url, broker_url, examples_dir, state_dir, stop))
+            if with_sample_worker
+            else None
+        )
         try:
-            await kopf.operator(clusterwide=True, standalone=True, liveness_endpoint=liveness)
+            await kopf.operator(
+                clusterwide=True, standalone=True, liveness_endpoint=liveness, memo=kopf.Memo(options=options)
+            )
         finally:
             stop.set()
             if worker is not None:

@@ -80,8 +80,10 @@ def _set_path(body: dict[str, Any], path: str, value: Any) -> None:
 def _encode_string_data(secret: dict[str, Any]) -> None:
     """A Secret's write-only `stringData` is stored base64-encoded in `data`, as the API server does."""
     string_data = secret.pop("stringData", None) or {}
-    secret["data"] = {**(secret.get("data") or {}),
-                      **{key: base64.b64encode(value.encode()).decode() for key, value in string_data.items()}}
+    secret["data"] = {
+        **(secret.get("data") or {}),
+        **{key: base64.b64encode(value.encode()).decode() for key, value in string_data.items()},
+    }
 
 
 def _content_changed_outside_metadata(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -102,8 +104,9 @@ def _matches_field_selector(obj: dict[str, Any], selector: str) -> bool:
 
 
 def _matches_selectors(obj: dict[str, Any], params: Any) -> bool:
-    return (_matches_label_selector(obj, params.get("labelSelector", ""))
-            and _matches_field_selector(obj, params.get("fieldSelector", "")))
+    return _matches_label_selector(obj, params.get("labelSelector", "")) and _matches_field_selector(
+        obj, params.get("fieldSelector", "")
+    )
 
 
 def _matches_label_selector(obj: dict[str, Any], selector: str) -> bool:
@@ -170,8 +173,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(await self._update(request))
         elif request.method == kmock.method.DELETE:
             return aiohttp.web.json_response(await self._delete(request))
-        raise kmock.KubernetesError(status=405, reason="MethodNotAllowed",
-                                    message=f"{request.method} is not supported here")
+        raise kmock.KubernetesError(
+            status=405, reason="MethodNotAllowed", message=f"{request.method} is not supported here"
+        )
 
     # --- object lifecycle -------------------------------------------------------------------
 
@@ -202,12 +206,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
         async with self._lock:
             key = _object_key(request, meta.get("namespace"), meta["name"])
             if key in self.objects and not self.objects[key].deleted:
-                raise kmock.KubernetesError(status=409, reason="AlreadyExists",
-                                            message=f"{meta['name']!r} already exists")
+                raise kmock.KubernetesError(
+                    status=409, reason="AlreadyExists", message=f"{meta['name']!r} already exists"
+                )
             if request.resource == SECRET_RESOURCE:
                 _encode_string_data(body)
-            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(),
-                        resourceVersion=self._next_resource_version(), generation=1)
+            meta.update(
+                uid=str(uuid.uuid4()),
+                creationTimestamp=_now(),
+                resourceVersion=self._next_resource_version(),
+                generation=1,
+            )
             meta.pop("deletionTimestamp", None)
             if key in self.objects:
                 self.objects[key].create(body)
@@ -258,7 +267,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return new
 
     def _apply_subresource_rules(
-            self, request: kmock.Request, current: dict[str, Any], proposed: dict[str, Any],
+        self,
+        request: kmock.Request,
+        current: dict[str, Any],
+        proposed: dict[str, Any],
     ) -> dict[str, Any]:
         """/status writes only status; the main resource cannot write status if it has /status."""
         if request.subresource == "status":
@@ -325,12 +337,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
             labels = ((body.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
             selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
         meta = body["metadata"]
-        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion",
-                                                        "creationTimestamp") if key in meta},
-                "spec": {"replicas": _get_path(body, spec_path) or 0},
-                "status": {"replicas": _get_path(body, status_path) or 0,
-                           **({"selector": selector} if selector else {})}}
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if key in meta
+            },
+            "spec": {"replicas": _get_path(body, spec_path) or 0},
+            "status": {"replicas": _get_path(body, status_path) or 0, **({"selector": selector} if selector else {})},
+        }
 
     async def _scale(self, request: kmock.Request) -> dict[str, Any]:
         """GET, PATCH and PUT of /scale: a Scale view of spec.replicas, as the API server serves it."""
@@ -405,23 +422,37 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if resource.group != group or resource.version != version:
                 continue
             info = self.resources[resource]
-            entries.append({
-                "name": resource.plural, "singularName": info.singular or "", "kind": info.kind,
-                "namespaced": bool(info.namespaced), "verbs": sorted(info.verbs),
-                "shortNames": sorted(info.shortnames), "categories": sorted(info.categories),
-            })
+            entries.append(
+                {
+                    "name": resource.plural,
+                    "singularName": info.singular or "",
+                    "kind": info.kind,
+                    "namespaced": bool(info.namespaced),
+                    "verbs": sorted(info.verbs),
+                    "shortNames": sorted(info.shortnames),
+                    "categories": sorted(info.categories),
+                }
+            )
             for subresource in sorted(info.subresources):
                 scale = subresource == "scale"
-                entries.append({
-                    "name": f"{resource.plural}/{subresource}", "singularName": "",
-                    "namespaced": bool(info.namespaced), "verbs": ["get", "patch", "update"],
-                    "kind": "Scale" if scale else info.kind,
-                    **({"group": "autoscaling", "version": "v1"} if scale else {}),
-                })
+                entries.append(
+                    {
+                        "name": f"{resource.plural}/{subresource}",
+                        "singularName": "",
+                        "namespaced": bool(info.namespaced),
+                        "verbs": ["get", "patch", "update"],
+                        "kind": "Scale" if scale else info.kind,
+                        **({"group": "autoscaling", "version": "v1"} if scale else {}),
+                    }
+                )
         if not entries and group:
             raise kmock.KubernetesResourceNotFoundError()
-        return {"apiVersion": "v1", "kind": "APIResourceList",
-                "groupVersion": f"{group}/{version}" if group else str(version), "resources": entries}
+        return {
+            "apiVersion": "v1",
+            "kind": "APIResourceList",
+            "groupVersion": f"{group}/{version}" if group else str(version),
+            "resources": entries,
+        }
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -466,8 +497,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         api_version, kind = self._api_version_and_kind(request)
         if self._wants_table(request):
             return printing.table(items, self._printer_columns(request), revision)
-        return {"apiVersion": api_version, "kind": f"{kind}List",
-                "metadata": {"resourceVersion": revision}, "items": items}
+        return {
+            "apiVersion": api_version,
+            "kind": f"{kind}List",
+            "metadata": {"resourceVersion": revision},
+            "items": items,
+        }
 
     async def _fetch(self, request: kmock.Request) -> dict[str, Any]:
         async with self._lock:

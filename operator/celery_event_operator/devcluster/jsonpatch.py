@@ -119,8 +119,11 @@ def apply(document: Any, operations: Any) -> Any:
             result = _remove(result, path)
         elif op == "replace":
             _get(result, path)
-            result = _add(_remove(result, path), path, copy.deepcopy(operation["value"])) if path else \
-                copy.deepcopy(operation["value"])
+            result = (
+                _add(_remove(result, path), path, copy.deepcopy(operation["value"]))
+                if path
+                else copy.deepcopy(operation["value"])
+            )
         elif op in ("move", "copy"):
             value = copy.deepcopy(_get(result, operation.get("from", "")))
             if op == "move":

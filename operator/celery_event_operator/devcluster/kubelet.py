@@ -21,8 +21,9 @@ SecretReader = Callable[[str, str, str], str]  # namespace, name, key → value
 ConfigMapReader = Callable[[str, str], dict[str, str]]  # namespace, name → data
 
 
-def container_environment(pod: dict[str, Any], read_secret: SecretReader, read_configmap: ConfigMapReader,
-                          mount_root: pathlib.Path) -> dict[str, str]:
+def container_environment(
+    pod: dict[str, Any], read_secret: SecretReader, read_configmap: ConfigMapReader, mount_root: pathlib.Path
+) -> dict[str, str]:
     namespace = pod["metadata"].get("namespace") or "default"
     container = pod["spec"]["containers"][0]
     volumes = {volume["name"]: volume for volume in pod["spec"].get("volumes", [])}

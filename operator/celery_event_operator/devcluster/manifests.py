@@ -38,7 +38,9 @@ async def create_all(server_url: str, documents: Iterable[dict[str, Any]], names
             url = await _collection_url(session, document, namespace)
             async with session.post(url, json=document) as response:
                 if response.status >= 400:
-                    raise RuntimeError(f"creating {document['kind']}/{document['metadata']['name']}: "
-                                       f"HTTP {response.status}: {(await response.json()).get('message')}")
+                    raise RuntimeError(
+                        f"creating {document['kind']}/{document['metadata']['name']}: "
+                        f"HTTP {response.status}: {(await response.json()).get('message')}"
+                    )
             created.append(f"{document['kind']}/{document['metadata']['name']}")
     return created

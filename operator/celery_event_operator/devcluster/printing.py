@@ -27,8 +27,9 @@ def jsonpath(obj: Any, path: str) -> list[Any]:
             elif index is not None and isinstance(node, list) and int(index) < len(node):
                 found.append(node[int(index)])
             elif filter_key is not None and isinstance(node, list):
-                found.extend(item for item in node
-                             if isinstance(item, dict) and str(item.get(filter_key)) == filter_value)
+                found.extend(
+                    item for item in node if isinstance(item, dict) and str(item.get(filter_key)) == filter_value
+                )
         nodes = found
     return nodes
 
@@ -56,19 +57,33 @@ def _cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
 def table(items: list[dict[str, Any]], columns: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
     """A meta.k8s.io/v1 Table: Name, then the printer columns (Age by default, as for builtins)."""
     columns = columns or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
-    definitions = [{"name": "Name", "type": "string", "format": "name", "priority": 0,
-                    "description": "Name of the object"}]
-    definitions += [{"name": column["name"], "type": column.get("type", "string"), "format": "",
-                     "priority": column.get("priority", 0), "description": column.get("description", "")}
-                    for column in columns]
+    definitions = [
+        {"name": "Name", "type": "string", "format": "name", "priority": 0, "description": "Name of the object"}
+    ]
+    definitions += [
+        {
+            "name": column["name"],
+            "type": column.get("type", "string"),
+            "format": "",
+            "priority": column.get("priority", 0),
+            "description": column.get("description", ""),
+        }
+        for column in columns
+    ]
     return {
         "apiVersion": "meta.k8s.io/v1",
         "kind": "Table",
         "metadata": {"resourceVersion": resource_version},
         "columnDefinitions": definitions,
-        "rows": [{
-            "cells": [item["metadata"]["name"], *(_cell(item, column) for column in columns)],
-            "object": {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                       "metadata": item["metadata"]},
-        } for item in items],
+        "rows": [
+            {
+                "cells": [item["metadata"]["name"], *(_cell(item, column) for column in columns)],
+                "object": {
+                    "apiVersion": "meta.k8s.io/v1",
+                    "kind": "PartialObjectMetadata",
+                    "metadata": item["metadata"],
+                },
+            }
+            for item in items
+        ],
     }

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from celery_event_operator import reconcile
+from celery_event_operator import service_status
 from celery_event_operator.devcluster import kubelet
 from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings
@@ -45,21 +45,32 @@ async def _configured_pod(server_url: str, examples: pathlib.Path) -> tuple[dict
     """The worker pod of examples/billing-worker.yaml after injection, and its settings files."""
     deployment = yaml.safe_load((examples / "billing-worker.yaml").read_text())
     template = deployment["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
-           "metadata": {**template["metadata"], "name": POD_NAME, "namespace": "default"}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": template["spec"],
+        "metadata": {**template["metadata"], "name": POD_NAME, "namespace": "default"},
+    }
     async with aiohttp.ClientSession(server_url) as session:
         body = await _get(session, "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices/billing")
         if body is None:
             raise LookupError("the sample CeleryEventService is missing")
-        validated = reconcile.validate(body)
+        validated = service_status.validate(body)
         name = settings.configmap_name(validated.service_name)
         while (configmap := await _get(session, f"/api/v1/namespaces/default/configmaps/{name}")) is None:
             await asyncio.sleep(0.5)  # the operator writes it on its first reconcile
         rendered = settings.render(validated.service_name, validated.spec)
         ref = validated.spec.broker.secret_ref
-        changes = injection_pod.changes(pod, injection_pod.Injection(
-            service=validated.service_name, secret_name=ref.name, secret_key=ref.key, configmap=name,
-            config_hash=settings.config_hash(rendered)))
+        changes = injection_pod.changes(
+            pod,
+            injection_pod.Injection(
+                service=validated.service_name,
+                secret_name=ref.name,
+                secret_key=ref.key,
+                configmap=name,
+                config_hash=settings.config_hash(rendered),
+            ),
+        )
         pod["spec"] = {**pod["spec"], "containers": changes.containers, "volumes": changes.volumes}
         pod["metadata"]["annotations"] = changes.annotations
         async with session.post("/api/v1/namespaces/default/pods", json=pod) as response:
@@ -68,8 +79,9 @@ async def _configured_pod(server_url: str, examples: pathlib.Path) -> tuple[dict
 
 
 @contextlib.asynccontextmanager
-async def running(server_url: str, broker_url: str, examples: pathlib.Path, state_dir: pathlib.Path
-                  ) -> AsyncIterator[None]:
+async def running(
+    server_url: str, broker_url: str, examples: pathlib.Path, state_dir: pathlib.Path
+) -> AsyncIterator[None]:
     """Start the sample worker and its traffic once the operator configured the service; stop both."""
     examples, state_dir = examples.resolve(), state_dir.resolve()  # the worker runs in examples/app
     pod, data = await _configured_pod(server_url, examples)
@@ -77,11 +89,26 @@ async def running(server_url: str, broker_url: str, examples: pathlib.Path, stat
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
     app_dir = examples / "app"
     log = (state_dir / "sample-worker.log").open("ab")
-    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "billing_app", "worker", "--pool=solo",
-                               f"--hostname=celery@{POD_NAME}", "--loglevel=INFO"],
-                              cwd=app_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
-    traffic = subprocess.Popen([sys.executable, "-c", TRAFFIC], cwd=app_dir, env=env, stdout=log,
-                               stderr=subprocess.STDOUT)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "billing_app",
+            "worker",
+            "--pool=solo",
+            f"--hostname=celery@{POD_NAME}",
+            "--loglevel=INFO",
+        ],
+        cwd=app_dir,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    traffic = subprocess.Popen(
+        [sys.executable, "-c", TRAFFIC], cwd=app_dir, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         yield
     finally:

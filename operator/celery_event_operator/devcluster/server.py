@@ -29,8 +29,9 @@ def write_kubeconfig(path: pathlib.Path, server_url: str, namespace: str = "defa
         "kind": "Config",
         "clusters": [{"name": CONTEXT_NAME, "cluster": {"server": server_url}}],
         "users": [{"name": CONTEXT_NAME, "user": {}}],
-        "contexts": [{"name": CONTEXT_NAME,
-                      "context": {"cluster": CONTEXT_NAME, "user": CONTEXT_NAME, "namespace": namespace}}],
+        "contexts": [
+            {"name": CONTEXT_NAME, "context": {"cluster": CONTEXT_NAME, "user": CONTEXT_NAME, "namespace": namespace}}
+        ],
         "current-context": CONTEXT_NAME,
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,31 +10,51 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator import reconcile
-from celery_event_operator.api.models import GROUP, PLURAL, VERSION, InvalidSpecError
+from celery_event_operator import service_status
+from celery_event_operator.api.models import GROUP, PLURAL, VERSION
+from celery_event_operator.errors import InvalidSpecError
 from celery_event_operator.injection import pod, settings
 
 WEBHOOK_ID = "inject-celery-settings"
 
 
+# kopf calls the index on every event of a resource (status writes included): what a generation of a
+# resource injects is worked out once.
+_injections_by_generation = service_status.GenerationCache[pod.Injection | None]()
+
+
+def _injection(body: kopf.Body) -> pod.Injection | None:
+    try:
+        validated = service_status.validate(body)
+    except InvalidSpecError:
+        return None
+    ref = validated.spec.broker.secret_ref
+    rendered = settings.render(validated.service_name, validated.spec)
+    return pod.Injection(
+        service=validated.service_name,
+        secret_name=ref.name,
+        secret_key=ref.key,
+        configmap=settings.configmap_name(validated.service_name),
+        config_hash=settings.config_hash(rendered),
+    )
+
+
 @kopf.index(GROUP, VERSION, PLURAL)
 def injections(body: kopf.Body, namespace: str | None, **_: Any) -> dict[tuple[str | None, str], pod.Injection]:
     """(namespace, serviceName) → what its pods get; invalid services are not indexed."""
-    try:
-        validated = reconcile.validate(body)
-    except InvalidSpecError:
-        return {}
-    ref = validated.spec.broker.secret_ref
-    rendered = settings.render(validated.service_name, validated.spec)
-    return {(namespace, validated.service_name): pod.Injection(
-        service=validated.service_name, secret_name=ref.name, secret_key=ref.key,
-        configmap=settings.configmap_name(validated.service_name), config_hash=settings.config_hash(rendered))}
+    found = _injections_by_generation.get(body, lambda: _injection(body))
+    return {} if found is None else {(namespace, found.service): found}
 
 
-@kopf.on.mutate("v1", "pods", id=WEBHOOK_ID, operation="CREATE",
-                labels={settings.SERVICE_LABEL: kopf.PRESENT})
-def inject_settings(body: kopf.Body, patch: kopf.Patch, warnings: list[str], logger: kopf.Logger,
-                    injections: kopf.Index[Any, Any] | None = None, **_: Any) -> None:
+@kopf.on.mutate("v1", "pods", id=WEBHOOK_ID, operation="CREATE", labels={settings.SERVICE_LABEL: kopf.PRESENT})
+def inject_settings(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    warnings: list[str],
+    logger: kopf.Logger,
+    injections: kopf.Index[Any, Any] | None = None,
+    **_: Any,
+) -> None:
     # `injections` is the index above: kopf passes it by name (the default only satisfies the typing).
     namespace = body.metadata.namespace
     service = body.metadata.labels[settings.SERVICE_LABEL]

@@ -38,8 +38,10 @@ class PodChanges:
 
 def _environment(injection: Injection) -> list[dict[str, Any]]:
     return [
-        {"name": "CELERY_BROKER_URL",
-         "valueFrom": {"secretKeyRef": {"name": injection.secret_name, "key": injection.secret_key}}},
+        {
+            "name": "CELERY_BROKER_URL",
+            "valueFrom": {"secretKeyRef": {"name": injection.secret_name, "key": injection.secret_key}},
+        },
         # A plain Celery(...) app reads its settings from this module with the default loader.
         {"name": "CELERY_LOADER", "value": "default"},
         {"name": "CELERY_CONFIG_MODULE", "value": LOADER_MODULE},
@@ -78,5 +80,4 @@ def changes(pod: Mapping[str, Any], injection: Injection) -> PodChanges:
 
 
 def unknown_service_warning(service: str, namespace: str) -> str:
-    return (f"no valid CeleryEventService with serviceName {service!r} in namespace {namespace!r}: "
-            "nothing was injected")
+    return f"no valid CeleryEventService with serviceName {service!r} in namespace {namespace!r}: nothing was injected"

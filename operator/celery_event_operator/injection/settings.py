@@ -16,6 +16,7 @@ from typing import Any
 from celery_event_operator import naming
 from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.topology import plan
+from celery_event_operator.worker_settings import ROBUST_CELERY_SETTINGS
 
 MOUNT_PATH = "/etc/celery-events"
 SETTINGS_FILE = "settings.json"
@@ -41,7 +42,7 @@ def render(service: str, spec: CeleryEventServiceSpec) -> dict[str, Any]:
     quorum = spec.queue_type == "quorum"
     levels = spec.retry.max_retries
     celery: dict[str, Any] = {
-        **naming.ROBUST_CELERY_SETTINGS,
+        **ROBUST_CELERY_SETTINGS,
         # A task whose worker process died: quorum queues requeue it and count deliveries up to the
         # delivery limit; classic queues cannot count requeues, so the message is dead-lettered
         # through retry level 0 and comes back with an x-death count the runtime reads.
@@ -66,8 +67,9 @@ def render(service: str, spec: CeleryEventServiceSpec) -> dict[str, Any]:
     events: dict[str, Any] = {
         "service": service,
         "events_exchange": spec.events.exchange,
-        "handler_queues": {handler.name: plan.handler_queue_name(service, handler.name)
-                           for handler in spec.events.handlers},
+        "handler_queues": {
+            handler.name: plan.handler_queue_name(service, handler.name) for handler in spec.events.handlers
+        },
         "retry_exchanges": [plan.retry_name(service, level) for level in range(levels)],
         "archive_exchange": plan.archive_name(service) if spec.archive.enabled else None,
         "queue_type": spec.queue_type,

@@ -9,8 +9,8 @@ layer, the part paid per event, is ours.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from amqp import serialization
 from amqp.exceptions import AMQPError
@@ -31,20 +31,25 @@ CONNECTION_OPEN, CONNECTION_OPEN_OK = (10, 40), (10, 41)
 CONNECTION_CLOSE, CONNECTION_CLOSE_OK = (10, 50), (10, 51)
 CONNECTION_BLOCKED, CONNECTION_UNBLOCKED = (10, 60), (10, 61)
 CHANNEL_OPEN, CHANNEL_OPEN_OK = (20, 10), (20, 11)
-CHANNEL_CLOSE = (20, 40)
+CHANNEL_CLOSE, CHANNEL_CLOSE_OK = (20, 40), (20, 41)
 EXCHANGE_DECLARE, EXCHANGE_DECLARE_OK = (40, 10), (40, 11)
 QUEUE_DECLARE, QUEUE_DECLARE_OK = (50, 10), (50, 11)
 QUEUE_BIND, QUEUE_BIND_OK = (50, 20), (50, 21)
 BASIC_QOS, BASIC_QOS_OK = (60, 10), (60, 11)
 BASIC_CONSUME, BASIC_CONSUME_OK = (60, 20), (60, 21)
-BASIC_CANCEL = (60, 30)
+BASIC_CANCEL, BASIC_CANCEL_OK = (60, 30), (60, 31)
 BASIC_DELIVER = (60, 60)
 _DELIVER_PREFIX = _METHOD_ID.pack(*BASIC_DELIVER)
 
 # Argument signatures (py-amqp's serialization letters) of the methods we receive and read.
 RECEIVED_SIGNATURES: dict[MethodId, str] = {
-    CONNECTION_START: "ooFSS", CONNECTION_TUNE: "BlB", CONNECTION_CLOSE: "BsBB", CHANNEL_CLOSE: "BsBB",
-    QUEUE_DECLARE_OK: "sll", BASIC_CONSUME_OK: "s", BASIC_CANCEL: "sb",
+    CONNECTION_START: "ooFSS",
+    CONNECTION_TUNE: "BlB",
+    CONNECTION_CLOSE: "BsBB",
+    CHANNEL_CLOSE: "BsBB",
+    QUEUE_DECLARE_OK: "sll",
+    BASIC_CONSUME_OK: "s",
+    BASIC_CANCEL: "sb",
 }
 
 
@@ -70,30 +75,63 @@ def method_arguments(method: MethodId, payload: bytes) -> list[Any]:
     return list(values)
 
 
+class Route(Protocol):
+    """Where the deliveries of one consumer tag go."""
+
+    def on_body(self, body: bytes) -> None: ...
+
+    def on_oversized(self, head: bytes, tail: bytes, size: int) -> None: ...
+
+
+class _Discard:
+    """Deliveries of a consumer tag no longer (or not yet) routed: read past, dropped."""
+
+    def on_body(self, body: bytes) -> None:
+        pass
+
+    def on_oversized(self, head: bytes, tail: bytes, size: int) -> None:
+        pass
+
+
+_DISCARD = _Discard()
+
+
 class DeliveryReader:
     """Turns the bytes a consuming connection receives into message bodies and other methods.
 
-    Deliveries (basic.deliver, content header, body frames) go to `on_body` with the body as bytes;
-    a body larger than `max_body_bytes` is not assembled (its frames are skipped) and `on_oversized`
-    is called instead. Every other method goes to `on_method` with its id and payload.
+    Deliveries (basic.deliver, content header, body frames) go to the Route of their consumer tag in
+    `routes` (a mapping the caller keeps current; unknown tags are read past and dropped): the body as
+    bytes to `on_body`; a body larger than `max_body_bytes` is not assembled — only its first and last
+    `kept_bytes` are kept, for `on_oversized`, so memory stays bounded. Every other method goes to
+    `on_method` with its channel, id and payload. Deliveries of one channel never interleave (AMQP), and
+    a consuming connection receives content on one channel only.
     """
 
-    def __init__(self, on_body: Callable[[bytes], object], on_method: Callable[[int, MethodId, bytes], object],
-                 on_oversized: Callable[[], object], max_body_bytes: int) -> None:
-        self._on_body = on_body
+    def __init__(
+        self,
+        routes: Mapping[bytes, Route],
+        on_method: Callable[[int, MethodId, bytes], object],
+        max_body_bytes: int,
+        kept_bytes: int = 32 * 1024,
+    ) -> None:
+        self._routes = routes
         self._on_method = on_method
-        self._on_oversized = on_oversized
         self._max_body_bytes = max_body_bytes
+        self._kept_bytes = kept_bytes
         self._pending = b""
+        self._route: Route = _DISCARD  # the current delivery's
+        self._on_body: Callable[[bytes], None] = _DISCARD.on_body
+        self._body_size = 0
         self._body_left = 0  # bytes of the current message's body still to come
         self._parts: list[bytes] = []  # a body split over several frames
-        self._skipping = False  # the current body is oversized
+        self._skipping = False  # the current body is oversized: only its head and tail are kept
+        self._head = b""
+        self._tail = b""
 
     def feed(self, data: bytes) -> None:
         buffer = self._pending + data if self._pending else data
         end, position = len(buffer), 0
         read_head = _FRAME_HEAD.unpack_from
-        on_body = self._on_body
         while end - position >= 7:
             kind, channel, size = read_head(buffer, position)
             start = position + 7
@@ -107,13 +145,21 @@ class DeliveryReader:
             if kind == BODY:
                 if size and size == self._body_left and not self._parts and not self._skipping:
                     self._body_left = 0
-                    on_body(buffer[start:frame_end])  # the usual case: the whole body in one frame
+                    self._on_body(buffer[start:frame_end])  # the usual case: the whole body in one frame
                 else:
                     self._body_part(buffer[start:frame_end])
             elif kind == METHOD:
-                if buffer[start:start + 4] != _DELIVER_PREFIX:
+                if buffer[start : start + 4] == _DELIVER_PREFIX:
+                    # basic.deliver: consumer-tag (a short string) first.
+                    if size < 5 or size < 5 + buffer[start + 4]:
+                        raise FramingError("a basic.deliver too short for its consumer tag")
+                    self._route = self._routes.get(buffer[start + 5 : start + 5 + buffer[start + 4]], _DISCARD)
+                    self._on_body = self._route.on_body
+                else:
                     self._on_method(channel, _METHOD_ID.unpack_from(buffer, start), buffer[start:frame_end])
             elif kind == HEADER:
+                if size < 12:
+                    raise FramingError("a content header too short for its body size")
                 self._content_header(_BODY_SIZE.unpack_from(buffer, start + 4)[0])
             elif kind != HEARTBEAT:
                 raise FramingError(f"unknown frame type {kind}")
@@ -123,19 +169,25 @@ class DeliveryReader:
     def _content_header(self, body_size: int) -> None:
         self._parts = []
         self._skipping = body_size > self._max_body_bytes
-        self._body_left = body_size
+        self._body_size = self._body_left = body_size
+        self._head = self._tail = b""
         if body_size == 0:
             self._on_body(b"")
-        elif self._skipping:
-            self._on_oversized()
 
     def _body_part(self, part: bytes) -> None:
         if len(part) > self._body_left:
             raise FramingError("a body frame runs past the size its content header announced")
         self._body_left -= len(part)
-        if not self._skipping:
+        if self._skipping:
+            kept = self._kept_bytes
+            if len(self._head) < kept:
+                self._head += part[: kept - len(self._head)]
+            self._tail = (self._tail + part)[-kept:]
+        else:
             self._parts.append(part)
         if self._body_left == 0:
-            if not self._skipping:
+            if self._skipping:
+                self._route.on_oversized(self._head, self._tail, self._body_size)
+            else:
                 self._on_body(b"".join(self._parts))
-            self._parts, self._skipping = [], False
+            self._parts, self._skipping, self._head, self._tail = [], False, b"", b""

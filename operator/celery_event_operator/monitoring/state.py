@@ -60,6 +60,7 @@ class ServiceMetrics:
         self.queue_length: dict[tuple[str, str], int] = {}  # (queue, role) → messages
         self.queue_consumers: dict[str, int] = {}
         self.events_consumed = 0
+        self.consumer_connected = False  # set by the events connection: is this service's consumer live?
         self.malformed = 0
         self.dropped = 0  # well-formed events of no interest (types we do not count)
         self._series_of: dict[str, set[tuple[str, Any]]] = collections.defaultdict(set)
@@ -83,6 +84,10 @@ class ServiceMetrics:
                 self.ingest(event, now)
         else:
             self.ingest(decoded, now)
+
+    def ingest_oversized(self, head: bytes, tail: bytes, size: int, now: float) -> None:
+        """A body over MAX_EVENT_BYTES, of which only the head and tail were kept: not read as an event."""
+        self.count_malformed()
 
     def count_malformed(self) -> None:
         """A message that is no event (also called for bodies too large to be read at all)."""
@@ -184,8 +189,11 @@ class ServiceMetrics:
     def sweep(self, live_pods: Iterable[str], now: float, silence_seconds: float) -> list[str]:
         """Forget workers that are no live pod and were not heard from within `silence_seconds`."""
         live = set(live_pods) | {GENERIC_WORKER}
-        gone = [worker for worker in list(self._series_of) + list(self.last_heard)
-                if worker not in live and now - self.last_heard.get(worker, 0.0) > silence_seconds]
+        gone = [
+            worker
+            for worker in list(self._series_of) + list(self.last_heard)
+            if worker not in live and now - self.last_heard.get(worker, 0.0) > silence_seconds
+        ]
         for worker in dict.fromkeys(gone):
             self.forget_worker(worker, now)
         while self._tombstones and now - next(iter(self._tombstones.values())) > TOMBSTONE_SECONDS:
@@ -193,6 +201,11 @@ class ServiceMetrics:
         return list(dict.fromkeys(gone))
 
     def series_count(self) -> int:
-        return (len(self.counters) + len(self.runtime_buckets) + len(self.worker_up) + len(self.worker_active)
-                + len(self.queue_length) + len(self.queue_consumers))
-
+        return (
+            len(self.counters)
+            + len(self.runtime_buckets)
+            + len(self.worker_up)
+            + len(self.worker_active)
+            + len(self.queue_length)
+            + len(self.queue_consumers)
+        )

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,6 +15,8 @@ from celery.exceptions import Ignore, Reject, Retry
 from kombu.entity import Exchange, Queue
 
 from celery_event_operator import naming
+from celery_event_operator.broker.address import with_vhost
+from celery_event_operator.worker_settings import ROBUST_CELERY_SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ DEFAULT_SETTINGS_PATH = "/etc/celery-events/settings.json"
 EXCEPTION_HEADER = naming.EXCEPTION_HEADER
 EXCEPTION_TYPE_HEADER = naming.EXCEPTION_TYPE_HEADER
 MAX_EXCEPTION_TEXT = 2000
+
 
 class PoisonMessageError(Exception):
     """A message that came back too often after its worker process died on it."""
@@ -58,12 +60,16 @@ class EventsSettings:
         )
 
     @classmethod
-    def defaults(cls, service: str, *, max_retries: int = 10, archive: bool = True,
-                 events_exchange: str = "events") -> EventsSettings:
+    def defaults(
+        cls, service: str, *, max_retries: int = 10, archive: bool = True, events_exchange: str = "events"
+    ) -> EventsSettings:
         """The operator's defaults, for running without injected settings."""
-        return cls(service=service, events_exchange=events_exchange,
-                   retry_exchanges=tuple(naming.retry_name(service, level) for level in range(max_retries)),
-                   archive_exchange=naming.archive_name(service) if archive else None)
+        return cls(
+            service=service,
+            events_exchange=events_exchange,
+            retry_exchanges=tuple(naming.retry_name(service, level) for level in range(max_retries)),
+            archive_exchange=naming.archive_name(service) if archive else None,
+        )
 
     def queue_of(self, event: str) -> str:
         return self.handler_queues.get(event) or naming.handler_queue_name(self.service, event)
@@ -80,20 +86,15 @@ def load_settings(path: str | None = None) -> dict[str, Any]:
     return loaded
 
 
-def _with_vhost(urls: str, vhost: str) -> str:
-    rewritten = []
-    for url in urls.split(";"):
-        parts = urllib.parse.urlsplit(url.strip())
-        rewritten.append(urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(vhost, safe=""))))
-    return ";".join(rewritten)
-
-
 def rejected_passes(request: Any, queue: str) -> int:
     """How often the message was rejected from `queue` and came back (its x-death history)."""
     headers = dict(getattr(request, "headers", None) or {})
     deaths = vars(request).get("x-death") or headers.get("x-death") or []
-    return sum(int(death.get("count", 1)) for death in deaths
-               if death.get("queue") == queue and death.get("reason") == "rejected")
+    return sum(
+        int(death.get("count", 1))
+        for death in deaths
+        if death.get("queue") == queue and death.get("reason") == "rejected"
+    )
 
 
 class EventHandler(Task):  # type: ignore[misc]  # Celery is untyped
@@ -143,8 +144,9 @@ class EventHandler(Task):  # type: ignore[misc]  # Celery is untyped
     def _archive(self, exc: Exception) -> None:
         events: EventsSettings = self.app.events_settings
         if events.archive_exchange is None:
-            logger.error("%s[%s] failed for good and the archive is disabled: dropped (%r)",
-                         self.name, self.request.id, exc)
+            logger.error(
+                "%s[%s] failed for good and the archive is disabled: dropped (%r)", self.name, self.request.id, exc
+            )
             return
         headers = {key: value for key, value in (self.request.headers or {}).items() if key != "x-death"}
         headers[EXCEPTION_TYPE_HEADER] = type(exc).__name__
@@ -152,14 +154,19 @@ class EventHandler(Task):  # type: ignore[misc]  # Celery is untyped
         headers[naming.ARCHIVED_AT_HEADER] = time.time()
         try:
             # `retries` in the copy = the attempts made; throw=False: publish without raising Retry.
-            self.retry(exc=exc, exchange=events.archive_exchange, routing_key=self.name, declare=[],
-                       headers=headers, throw=False)
+            self.retry(
+                exc=exc,
+                exchange=events.archive_exchange,
+                routing_key=self.name,
+                declare=[],
+                headers=headers,
+                throw=False,
+            )
         except Exception as publish_error:
             # Not archived: dead-letter the original instead of acknowledging it, so nothing is lost.
             logger.exception("%s[%s]: archiving failed", self.name, self.request.id)
             raise Reject(publish_error, requeue=False) from publish_error
-        logger.error("%s[%s] archived after %d attempts: %r", self.name, self.request.id,
-                     self.request.retries + 1, exc)
+        logger.error("%s[%s] archived after %d attempts: %r", self.name, self.request.id, self.request.retries + 1, exc)
 
 
 class Event:
@@ -174,8 +181,14 @@ class Event:
     def __call__(self, *args: Any, **kwargs: Any) -> str:
         self.function(*args, **kwargs)
         # declare=[]: Celery would otherwise declare its default queue; the topology is the operator's.
-        result = self.app.send_task(self.name, args=args, kwargs=kwargs, routing_key=self.name, declare=[],
-                                    exchange=self.app.events_settings.events_exchange)
+        result = self.app.send_task(
+            self.name,
+            args=args,
+            kwargs=kwargs,
+            routing_key=self.name,
+            declare=[],
+            exchange=self.app.events_settings.events_exchange,
+        )
         task_id: str = result.id
         return task_id
 
@@ -192,6 +205,7 @@ class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
     def event(self, name: str) -> Callable[[Callable[..., Any]], Event]:
         def register(function: Callable[..., Any]) -> Event:
             return Event(self, name, function)
+
         return register
 
     def handler(self, name: str, *, bind: bool = False, **options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -203,6 +217,7 @@ class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
         def register(function: Callable[..., Any]) -> Any:
             self._handled.append(name)
             return self.task(function, name=name, bind=bind, base=EventHandler, **options)
+
         return register
 
     def _consume_handler_queues(self, **_: Any) -> None:
@@ -212,8 +227,9 @@ class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
         for name in self._handled:
             if events.handler_queues and name not in events.handler_queues:
                 # The operator declared no queue for it: consuming would fail. Say so and go on.
-                logger.warning("handler %r is not in spec.events.handlers of service %r: not consumed",
-                               name, events.service)
+                logger.warning(
+                    "handler %r is not in spec.events.handlers of service %r: not consumed", name, events.service
+                )
                 continue
             queues.append(Queue(events.queue_of(name), exchange=exchange, routing_key=name, no_declare=True))
         self.conf.task_queues = queues
@@ -233,9 +249,10 @@ def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
         raise ValueError(f"no injected settings at ${SETTINGS_ENV}: pass the service name")
     if events.vhost is not None and os.environ.get("CELERY_BROKER_URL"):
         # Celery takes CELERY_BROKER_URL over any setting: the vhost override must go there.
-        os.environ["CELERY_BROKER_URL"] = _with_vhost(os.environ["CELERY_BROKER_URL"], events.vhost)
+        os.environ["CELERY_BROKER_URL"] = with_vhost(os.environ["CELERY_BROKER_URL"], events.vhost)
     app = EventsApp(events.service, events=events)
-    app.config_from_object({**naming.ROBUST_CELERY_SETTINGS, **settings.get("celery", {}),
-                            "task_default_exchange": events.events_exchange})
+    app.config_from_object(
+        {**ROBUST_CELERY_SETTINGS, **settings.get("celery", {}), "task_default_exchange": events.events_exchange}
+    )
     app.conf.update(overrides)
     return app

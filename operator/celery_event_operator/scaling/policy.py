@@ -38,8 +38,9 @@ def recommend(queue_length: int, current: int, policy: Autoscaling) -> int:
     return min(max(wanted, policy.min_replicas), policy.max_replicas)
 
 
-def decide(queue_length: int, current: int, policy: Autoscaling, history: tuple[Recommendation, ...],
-           now: float) -> Decision:
+def decide(
+    queue_length: int, current: int, policy: Autoscaling, history: tuple[Recommendation, ...], now: float
+) -> Decision:
     recommended = recommend(queue_length, current, policy)
     window_start = now - policy.scale_down_stabilization_seconds
     history = (*(r for r in history if r.at >= window_start), Recommendation(now, recommended))
@@ -51,9 +52,11 @@ def decide(queue_length: int, current: int, policy: Autoscaling, history: tuple[
             reason += f" (at most {step} more per interval)"
     elif recommended < current:
         replicas = min(current, max(r.replicas for r in history))
-        reason = (f"queue length {queue_length} asks for {recommended}"
-                  + ("" if replicas == recommended else
-                     f"; held at {replicas} for the {policy.scale_down_stabilization_seconds}s stabilization window"))
+        reason = f"queue length {queue_length} asks for {recommended}" + (
+            ""
+            if replicas == recommended
+            else f"; held at {replicas} for the {policy.scale_down_stabilization_seconds}s stabilization window"
+        )
     else:
         replicas, reason = current, f"queue length {queue_length} asks for {recommended}"
     return Decision(replicas, recommended, history, reason)

@@ -11,21 +11,29 @@ def rows(topology: Topology, states: list[EntityState]) -> list[dict[str, str]]:
     listed = []
     for exchange in topology.exchanges:
         state = found.get(("exchange", exchange.name))
-        listed.append({
-            "entity": exchange.name, "kind": "exchange",
-            "detail": f"{exchange.type}{' (shared)' if exchange.shared else ''}",
-            "messages": "", "consumers": "", "state": "ok" if state and state.present else "missing",
-        })
+        listed.append(
+            {
+                "entity": exchange.name,
+                "kind": "exchange",
+                "detail": f"{exchange.type}{' (shared)' if exchange.shared else ''}",
+                "messages": "",
+                "consumers": "",
+                "state": "ok" if state and state.present else "missing",
+            }
+        )
     for queue in topology.queues:
         state = found.get(("queue", queue.name))
         present = state is not None and state.present
-        listed.append({
-            "entity": queue.name, "kind": f"queue/{queue.role}",
-            "detail": " ".join(f"{key}={value}" for key, value in queue.arguments.items()),
-            "messages": str(state.messages) if present and state else "",
-            "consumers": str(state.consumers) if present and state else "",
-            "state": "ok" if present else "missing",
-        })
+        listed.append(
+            {
+                "entity": queue.name,
+                "kind": f"queue/{queue.role}",
+                "detail": " ".join(f"{key}={value}" for key, value in queue.arguments.items()),
+                "messages": str(state.messages) if present and state else "",
+                "consumers": str(state.consumers) if present and state else "",
+                "state": "ok" if present else "missing",
+            }
+        )
     return listed
 
 

@@ -31,15 +31,28 @@ from celery_event_operator import naming
 from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.naming import archive_name, handler_queue_name, recover_name, retry_name
 
-__all__ = ["Binding", "Exchange", "Queue", "Topology", "archive_name", "handler_queue_name", "obsolete", "plan",
-           "recover_name", "retry_name"]
+__all__ = [
+    "Binding",
+    "Exchange",
+    "Queue",
+    "Topology",
+    "archive_name",
+    "handler_queue_name",
+    "obsolete",
+    "plan",
+    "recover_name",
+    "retry_name",
+]
 
 ExchangeType = Literal["topic", "fanout"]
 QueueRole = Literal["events", "retry", "archive", "monitor"]
 # The operator's queue of the service's Celery events: bounded, so that nothing grows on the broker
 # while the operator is away (a minute of TTL, 100,000 messages, gone 10 minutes after its consumer).
-MONITOR_QUEUE_ARGUMENTS: Mapping[str, ArgumentValue] = {"x-message-ttl": 60_000, "x-max-length": 100_000,
-                                                        "x-expires": 600_000}
+MONITOR_QUEUE_ARGUMENTS: Mapping[str, ArgumentValue] = {
+    "x-message-ttl": 60_000,
+    "x-max-length": 100_000,
+    "x-expires": 600_000,
+}
 ArgumentValue = int | str
 DEFAULT_DELIVERY_LIMIT = 20
 

@@ -23,25 +23,49 @@ from tests.conftest import create_broker_secret
 from tests.support.kube import EmulatedApi, eventually
 
 CREATED, CANCELLED = "orders.order.created", "orders.order.cancelled"
-SPEC = {"broker": {"secretRef": {"name": "rabbitmq"}}, "retry": {"maxRetries": 2},
-        "events": {"handlers": [{"name": CREATED}, {"name": CANCELLED}]}}
+SPEC = {
+    "broker": {"secretRef": {"name": "rabbitmq"}},
+    "retry": {"maxRetries": 2},
+    "events": {"handlers": [{"name": CREATED}, {"name": CANCELLED}]},
+}
 
 
 def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "celery_event_operator.cli", "archive", *args],
-                          capture_output=True, text=True, timeout=300, check=check, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "celery_event_operator.cli", "archive", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=check,
+        env=env,
+    )
 
 
 def archive_task(channel: Any, order_id: int, event: str) -> str:
     task_id = str(uuid.uuid4())
-    headers = {"lang": "py", "task": event, "id": task_id, "root_id": task_id, "parent_id": None, "retries": 3,
-               naming.EXCEPTION_TYPE_HEADER: "ValueError", naming.EXCEPTION_HEADER: f"ValueError: order {order_id}",
-               naming.ARCHIVED_AT_HEADER: 1_700_000_000.0}
+    headers = {
+        "lang": "py",
+        "task": event,
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "retries": 3,
+        naming.EXCEPTION_TYPE_HEADER: "ValueError",
+        naming.EXCEPTION_HEADER: f"ValueError: order {order_id}",
+        naming.ARCHIVED_AT_HEADER: 1_700_000_000.0,
+    }
     body = json.dumps([[order_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     channel.basic_publish_confirm(
-        amqp.Message(body, content_type="application/json", content_encoding="utf-8", application_headers=headers,
-                     delivery_mode=2),
-        exchange=naming.archive_name("billing"), routing_key=event)
+        amqp.Message(
+            body,
+            content_type="application/json",
+            content_encoding="utf-8",
+            application_headers=headers,
+            delivery_mode=2,
+        ),
+        exchange=naming.archive_name("billing"),
+        routing_key=event,
+    )
     return task_id
 
 
@@ -80,14 +104,21 @@ def listed(url: str, *extra: str) -> list[dict[str, Any]]:
     return rows
 
 
-def test_list_twice_shows_the_same_messages_in_the_same_order(archive: dict[str, list[str]],
-                                                               test_vhost_url: str) -> None:
+def test_list_twice_shows_the_same_messages_in_the_same_order(
+    archive: dict[str, list[str]], test_vhost_url: str
+) -> None:
     with Connection(test_vhost_url) as connection:
         channel = connection.channel()
-        channel.basic_publish(amqp.Message(b"\x00\x01 not json", content_type="application/octet-stream"),
-                              exchange="billing:archived", routing_key=CREATED)
-        channel.basic_publish(amqp.Message('{"id": "raw-1", "order": 5}', content_type="application/json"),
-                              exchange="billing:archived", routing_key=CANCELLED)
+        channel.basic_publish(
+            amqp.Message(b"\x00\x01 not json", content_type="application/octet-stream"),
+            exchange="billing:archived",
+            routing_key=CREATED,
+        )
+        channel.basic_publish(
+            amqp.Message('{"id": "raw-1", "order": 5}', content_type="application/json"),
+            exchange="billing:archived",
+            routing_key=CANCELLED,
+        )
     first, second = listed(test_vhost_url), listed(test_vhost_url)
     assert [row["task_id"] for row in first] == [row["task_id"] for row in second]
     assert len(first) == 1002
@@ -101,8 +132,7 @@ def test_list_twice_shows_the_same_messages_in_the_same_order(archive: dict[str,
     assert "guest" not in table
 
 
-def test_replay_sends_exactly_the_selected_events_back_once(archive: dict[str, list[str]],
-                                                             test_vhost_url: str) -> None:
+def test_replay_sends_exactly_the_selected_events_back_once(archive: dict[str, list[str]], test_vhost_url: str) -> None:
     dry = cli("replay", "billing", "--broker-url", test_vhost_url, "--event", CREATED, "--dry-run").stdout
     assert "would replay 300 of 300" in dry
     assert depth(test_vhost_url, "billing.orders.order.created") == 0
@@ -120,9 +150,24 @@ def test_replay_sends_exactly_the_selected_events_back_once(archive: dict[str, l
 
 def test_replay_killed_half_way_loses_nothing(archive: dict[str, list[str]], test_vhost_url: str) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery_event_operator.cli", "archive", "replay", "billing", "--broker-url",
-         test_vhost_url, "--event", CREATED, "--rate", "150"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+        [
+            sys.executable,
+            "-m",
+            "celery_event_operator.cli",
+            "archive",
+            "replay",
+            "billing",
+            "--broker-url",
+            test_vhost_url,
+            "--event",
+            CREATED,
+            "--rate",
+            "150",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ.copy(),
+    )
     eventually(lambda: depth(test_vhost_url, "billing.orders.order.created") >= 60, timeout=30)
     process.send_signal(signal.SIGKILL)
     process.wait(10)
@@ -146,18 +191,27 @@ def test_purge(archive: dict[str, list[str]], test_vhost_url: str) -> None:
     refused = cli("purge", "billing", "--broker-url", test_vhost_url, check=False)
     assert refused.returncode == 2
     assert depth(test_vhost_url, "billing:archived") == 1000
-    assert "purged 300 of 1000" in cli("purge", "billing", "--broker-url", test_vhost_url, "--event", CREATED,
-                                       "--yes").stdout
+    assert (
+        "purged 300 of 1000"
+        in cli("purge", "billing", "--broker-url", test_vhost_url, "--event", CREATED, "--yes").stdout
+    )
     assert [row["task_id"] for row in listed(test_vhost_url)] == archive[CANCELLED]
     assert "purged 700 of 700" in cli("purge", "billing", "--broker-url", test_vhost_url, "--yes").stdout
 
 
-def test_connection_through_the_resource_and_its_secret(kube_api: EmulatedApi, crd_installed: dict[str, Any],
-                                                        archive: dict[str, list[str]], test_vhost_url: str) -> None:
+def test_connection_through_the_resource_and_its_secret(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], archive: dict[str, list[str]], test_vhost_url: str
+) -> None:
     create_broker_secret(kube_api, test_vhost_url, namespace="shop")
-    kube_api.client.create("/apis/celeryevents.io/v1alpha1/namespaces/shop/celeryeventservices", {
-        "apiVersion": "celeryevents.io/v1alpha1", "kind": "CeleryEventService",
-        "metadata": {"name": "billing-resource"}, "spec": {**SPEC, "serviceName": "billing"}})
+    kube_api.client.create(
+        "/apis/celeryevents.io/v1alpha1/namespaces/shop/celeryeventservices",
+        {
+            "apiVersion": "celeryevents.io/v1alpha1",
+            "kind": "CeleryEventService",
+            "metadata": {"name": "billing-resource"},
+            "spec": {**SPEC, "serviceName": "billing"},
+        },
+    )
     env = {**os.environ, "KUBECONFIG": str(kube_api.kubeconfig)}
     result = cli("list", "billing-resource", "-n", "shop", "--event", CANCELLED, env=env)
     assert len(result.stdout.splitlines()) == 701

@@ -40,6 +40,10 @@ def on_order_created(self, order_id):
 
 @order_cancelled.handler(bind=True)
 def on_order_cancelled(self, order_id):
-    record(event="cancelled", order_id=order_id, retries=self.request.retries,
-           exchange=self.request.delivery_info.get("exchange"))
+    record(
+        event="cancelled",
+        order_id=order_id,
+        retries=self.request.retries,
+        exchange=self.request.delivery_info.get("exchange"),
+    )
     raise ValueError("cancellations always fail here")

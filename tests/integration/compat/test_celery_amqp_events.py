@@ -45,8 +45,9 @@ def library_python() -> pathlib.Path:
 
 
 @pytest.fixture
-def operator_with_service(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str,
-                          tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
+def operator_with_service(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+) -> Iterator[OperatorProcess]:
     create_broker_secret(kube_api, test_vhost_url)
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
     service = billing_sample()
@@ -60,29 +61,58 @@ def handled(log: pathlib.Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_library_service_runs_unchanged(library_python: pathlib.Path, kube_api: EmulatedApi,
-                                        operator_with_service: OperatorProcess, test_vhost_url: str,
-                                        tmp_path: pathlib.Path) -> None:
+def test_library_service_runs_unchanged(
+    library_python: pathlib.Path,
+    kube_api: EmulatedApi,
+    operator_with_service: OperatorProcess,
+    test_vhost_url: str,
+    tmp_path: pathlib.Path,
+) -> None:
     eventually(lambda: condition(kube_api, "Ready").get("status") == "True", timeout=20)
     handler_log = tmp_path / "handled.jsonl"
-    env = {**os.environ, "BROKER_URL": test_vhost_url, "HANDLER_LOG": str(handler_log),
-           # the library's settings, equal to the resource's: maxRetries 2, archive defaults
-           "AMQP_EVENTS_MAX_RETRIES": str(MAX_RETRIES)}
+    env = {
+        **os.environ,
+        "BROKER_URL": test_vhost_url,
+        "HANDLER_LOG": str(handler_log),
+        # the library's settings, equal to the resource's: maxRetries 2, archive defaults
+        "AMQP_EVENTS_MAX_RETRIES": str(MAX_RETRIES),
+    }
     worker_log = (tmp_path / "worker.log").open("w")
     worker = subprocess.Popen(
         [str(library_python), "-m", "celery", "-A", "cae_service", "worker", "--pool=solo", "--loglevel=INFO"],
-        cwd=HERE, env=env, stdout=worker_log, stderr=subprocess.STDOUT)
+        cwd=HERE,
+        env=env,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        eventually(lambda: "ready." in (tmp_path / "worker.log").read_text(), timeout=60,
-                   message="the library's worker did not start")
-        subprocess.run([str(library_python), "-c",
-                        "from cae_service import fire; fire('orders.order.created', 42);"
-                        " fire('orders.order.cancelled', 7)"], cwd=HERE, env=env, check=True, timeout=60)
+        eventually(
+            lambda: "ready." in (tmp_path / "worker.log").read_text(),
+            timeout=60,
+            message="the library's worker did not start",
+        )
+        subprocess.run(
+            [
+                str(library_python),
+                "-c",
+                "from cae_service import fire; fire('orders.order.created', 42); fire('orders.order.cancelled', 7)",
+            ],
+            cwd=HERE,
+            env=env,
+            check=True,
+            timeout=60,
+        )
 
-        eventually(lambda: any(h["event"] == "created" and h["order_id"] == 42 for h in handled(handler_log)),
-                   timeout=30, message="the handler never got its event")
-        eventually(lambda: len([h for h in handled(handler_log) if h["event"] == "cancelled"]) == MAX_RETRIES + 1,
-                   timeout=30, message="the failing handler did not get its retries")
+        eventually(
+            lambda: any(h["event"] == "created" and h["order_id"] == 42 for h in handled(handler_log)),
+            timeout=30,
+            message="the handler never got its event",
+        )
+        eventually(
+            lambda: len([h for h in handled(handler_log) if h["event"] == "cancelled"]) == MAX_RETRIES + 1,
+            timeout=30,
+            message="the failing handler did not get its retries",
+        )
         attempts = [h for h in handled(handler_log) if h["event"] == "cancelled"]
         assert [h["retries"] for h in attempts] == [0, 1, 2]
         # Retries came back through the operator's retry levels and recover exchange.
@@ -92,11 +122,15 @@ def test_library_service_runs_unchanged(library_python: pathlib.Path, kube_api: 
             with Connection(test_vhost_url) as connection:
                 count: int = connection.channel().queue_declare("billing:archived", passive=True).message_count
                 return count
+
         eventually(lambda: archived() == 1, timeout=30, message="the exhausted event was not archived")
 
         # A resync or two after the library declared everything itself: both sides stay content.
-        stays(lambda: worker.poll() is None and condition(kube_api, "TopologyReady")["status"] == "True",
-              seconds=2, message="the library's worker exited (PRECONDITION_FAILED?) or the topology broke")
+        stays(
+            lambda: worker.poll() is None and condition(kube_api, "TopologyReady")["status"] == "True",
+            seconds=2,
+            message="the library's worker exited (PRECONDITION_FAILED?) or the topology broke",
+        )
         assert "PRECONDITION_FAILED" not in (tmp_path / "worker.log").read_text()
     finally:
         worker.terminate()

@@ -16,8 +16,12 @@ CMS = "/api/v1/namespaces/shop/configmaps"
 
 
 def service(name: str = "billing", **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "celeryevents.io/v1alpha1", "kind": "CeleryEventService",
-            "metadata": {"name": name}, "spec": {"broker": {"secretRef": {"name": "rabbitmq"}}, **spec}}
+    return {
+        "apiVersion": "celeryevents.io/v1alpha1",
+        "kind": "CeleryEventService",
+        "metadata": {"name": name},
+        "spec": {"broker": {"secretRef": {"name": "rabbitmq"}}, **spec},
+    }
 
 
 def test_create_fills_server_fields(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
@@ -53,16 +57,22 @@ def test_generation_and_resource_version(kube_api: EmulatedApi, crd_installed: d
 def test_json_patch_with_optimistic_concurrency(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
     client = kube_api.client
     rv = client.create(CES, service())["metadata"]["resourceVersion"]
-    added = client.json_patch(f"{CES}/billing", [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-        {"op": "add", "path": "/metadata/finalizers", "value": ["celeryevents.io/finalizer"]},
-    ])
+    added = client.json_patch(
+        f"{CES}/billing",
+        [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["celeryevents.io/finalizer"]},
+        ],
+    )
     assert added["metadata"]["finalizers"] == ["celeryevents.io/finalizer"]
     with pytest.raises(ApiError) as stale:
-        client.json_patch(f"{CES}/billing", [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-            {"op": "remove", "path": "/metadata/finalizers"},
-        ])
+        client.json_patch(
+            f"{CES}/billing",
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {"op": "remove", "path": "/metadata/finalizers"},
+            ],
+        )
     assert stale.value.status == 422, "a failed test is Unprocessable Entity, which kopf retries"
 
 
@@ -100,8 +110,9 @@ def test_lists_are_typed_and_filtered(kube_api: EmulatedApi) -> None:
 
 
 def test_secret_string_data_is_stored_encoded(kube_api: EmulatedApi) -> None:
-    secret = kube_api.client.create("/api/v1/namespaces/shop/secrets",
-                                    {"metadata": {"name": "s"}, "stringData": {"url": "amqp://h/"}})
+    secret = kube_api.client.create(
+        "/api/v1/namespaces/shop/secrets", {"metadata": {"name": "s"}, "stringData": {"url": "amqp://h/"}}
+    )
     assert secret["data"] == {"url": "YW1xcDovL2gv"}
     assert "stringData" not in secret
 
@@ -119,8 +130,17 @@ def test_watch_streams_json_lines_since_a_version(kube_api: EmulatedApi) -> None
 
 def test_kubectl_get_prints_the_printer_columns(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
     kube_api.client.create(CES, service())
-    kube_api.client.merge_patch(f"{CES}/billing/status", {"status": {"queueLength": 42, "conditions": [
-        {"type": "Ready", "status": "True", "reason": "R", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+    kube_api.client.merge_patch(
+        f"{CES}/billing/status",
+        {
+            "status": {
+                "queueLength": 42,
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "R", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+                ],
+            }
+        },
+    )
     output = kube_api.kubectl("get", "ces", "-n", "shop").stdout.splitlines()
     assert output[0].split() == ["NAME", "READY", "QUEUE", "CONSUMERS", "REPLICAS", "AGE"]
     assert output[1].split()[:3] == ["billing", "True", "42"]

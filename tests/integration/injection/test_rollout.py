@@ -21,8 +21,9 @@ HASH = injection_settings.HASH_ANNOTATION
 
 
 @pytest.fixture
-def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str,
-             tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
+def operator(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+) -> Iterator[OperatorProcess]:
     create_broker_secret(kube_api, test_vhost_url)
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
     yield process
@@ -44,8 +45,9 @@ def configmap_settings(api: EmulatedApi) -> dict[str, Any]:
     return settings
 
 
-def test_settings_change_updates_configmap_hash_and_pod_template(kube_api: EmulatedApi,
-                                                                operator: OperatorProcess) -> None:
+def test_settings_change_updates_configmap_hash_and_pod_template(
+    kube_api: EmulatedApi, operator: OperatorProcess
+) -> None:
     kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
     kube_api.client.create(CES, billing_sample())
     first = eventually(lambda: template_hash(kube_api), timeout=20, message="the pod template was never stamped")
@@ -56,14 +58,28 @@ def test_settings_change_updates_configmap_hash_and_pod_template(kube_api: Emula
     assert len(configmap_settings(kube_api)["celery_events"]["retry_exchanges"]) == 10
 
     kube_api.client.merge_patch(f"{CES}/billing", {"spec": {"retry": {"maxRetries": 3}}})
-    second = eventually(lambda: template_hash(kube_api) != first and template_hash(kube_api), timeout=20,
-                        message="the new hash was not stamped")
+    second = eventually(
+        lambda: template_hash(kube_api) != first and template_hash(kube_api),
+        timeout=20,
+        message="the new hash was not stamped",
+    )
     assert configmap_settings(kube_api)["celery_events"]["retry_exchanges"] == [
-        "billing:retry", "billing:retry.1", "billing:retry.2"]
+        "billing:retry",
+        "billing:retry.1",
+        "billing:retry.2",
+    ]
     assert injection_settings.config_hash(configmap_settings(kube_api)) == second
     # kopf posts Events from a queue of its own: the second may come a little after the stamp.
-    eventually(lambda: [e["reason"] for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]
-                        ].count("RolloutStarted") == 2, timeout=5, message="not one RolloutStarted per change")
+    eventually(
+        lambda: (
+            [e["reason"] for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]].count(
+                "RolloutStarted"
+            )
+            == 2
+        ),
+        timeout=5,
+        message="not one RolloutStarted per change",
+    )
 
 
 def test_rollout_off_leaves_the_workload_alone(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
@@ -76,17 +92,23 @@ def test_rollout_off_leaves_the_workload_alone(kube_api: EmulatedApi, operator: 
     assert template_hash(kube_api) is None
 
 
-def test_workers_configured_counts_pods_with_current_settings(kube_api: EmulatedApi,
-                                                              operator: OperatorProcess) -> None:
+def test_workers_configured_counts_pods_with_current_settings(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
     kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
     kube_api.client.create(CES, billing_sample())
     current = eventually(lambda: template_hash(kube_api), timeout=20)
 
     def pod(name: str, config_hash: str) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "labels": {injection_settings.SERVICE_LABEL: "billing"},
-                             "annotations": {HASH: config_hash}},
-                "spec": {"containers": [{"name": "worker", "image": "billing-worker"}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": {injection_settings.SERVICE_LABEL: "billing"},
+                "annotations": {HASH: config_hash},
+            },
+            "spec": {"containers": [{"name": "worker", "image": "billing-worker"}]},
+        }
+
     kube_api.client.create("/api/v1/namespaces/default/pods", pod("old", "0000000000000000"))
     kube_api.client.create("/api/v1/namespaces/default/pods", pod("new", current))
     pending = eventually(lambda: workers(kube_api).get("reason") == "RolloutPending" and workers(kube_api), timeout=10)
@@ -98,7 +120,8 @@ def test_workers_configured_counts_pods_with_current_settings(kube_api: Emulated
 
 def test_missing_scale_target_is_reported(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
     kube_api.client.create(CES, billing_sample())
-    condition = eventually(lambda: workers(kube_api).get("reason") == "ScaleTargetNotFound" and workers(kube_api),
-                           timeout=20)
+    condition = eventually(
+        lambda: workers(kube_api).get("reason") == "ScaleTargetNotFound" and workers(kube_api), timeout=20
+    )
     assert "billing-worker" in condition["message"]
     assert condition["status"] == "False"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,35 +15,29 @@ from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings as injection_settings
 from tests.conftest import billing_sample, create_broker_secret
 from tests.support.kube import EmulatedApi, eventually
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, admission_review
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 MOUNT = injection_settings.MOUNT_PATH
 
 
-def review(pod: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": namespace,
-            "operation": "CREATE", "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-            "object": pod, "oldObject": None, "dryRun": False,
-        },
-    }
-
-
 def worker_pod(labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
     container = {"name": "worker", "image": "billing-worker", "command": ["celery", "-A", "billing_app", "worker"]}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": "billing-worker-", "namespace": "default",
-                         "labels": {"app": "billing-worker", **(labels or {})}},
-            "spec": {"containers": [container], **spec}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "billing-worker-",
+            "namespace": "default",
+            "labels": {"app": "billing-worker", **(labels or {})},
+        },
+        "spec": {"containers": [container], **spec},
+    }
 
 
 def admitted(operator: OperatorProcess, pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The pod as the API server would store it after the webhook, and the raw response."""
-    answer = operator.admit(review(pod))
+    answer = operator.admit(admission_review(pod))
     response = answer["response"]
     assert response["allowed"] is True
     if "patch" not in response:
@@ -54,13 +47,16 @@ def admitted(operator: OperatorProcess, pod: dict[str, Any]) -> tuple[dict[str, 
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return {variable["name"]: variable.get("value", variable.get("valueFrom"))
-            for variable in pod["spec"]["containers"][0].get("env", [])}
+    return {
+        variable["name"]: variable.get("value", variable.get("valueFrom"))
+        for variable in pod["spec"]["containers"][0].get("env", [])
+    }
 
 
 @pytest.fixture
-def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str,
-             tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
+def operator(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+) -> Iterator[OperatorProcess]:
     create_broker_secret(kube_api, test_vhost_url)
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
     kube_api.client.create(CES, billing_sample())
@@ -79,22 +75,26 @@ def test_labelled_pod_gets_the_settings(kube_api: EmulatedApi, operator: Operato
     assert env["CELERY_WORKER_WITHOUT_MINGLE"] == env["CELERY_WORKER_WITHOUT_GOSSIP"] == "1"
     assert env["PYTHONPATH"] == MOUNT
     assert pod["spec"]["containers"][0]["volumeMounts"] == [
-        {"name": injection_pod.VOLUME_NAME, "mountPath": MOUNT, "readOnly": True}]
-    assert pod["spec"]["volumes"] == [{"name": injection_pod.VOLUME_NAME,
-                                       "configMap": {"name": "billing-celery-events", "defaultMode": 0o444}}]
+        {"name": injection_pod.VOLUME_NAME, "mountPath": MOUNT, "readOnly": True}
+    ]
+    assert pod["spec"]["volumes"] == [
+        {"name": injection_pod.VOLUME_NAME, "configMap": {"name": "billing-celery-events", "defaultMode": 0o444}}
+    ]
     configmap = kube_api.client.get("/api/v1/namespaces/default/configmaps/billing-celery-events")
     settings = json.loads(configmap["data"]["settings.json"])
-    assert pod["metadata"]["annotations"][injection_settings.HASH_ANNOTATION] == \
-        injection_settings.config_hash(settings)
+    assert pod["metadata"]["annotations"][injection_settings.HASH_ANNOTATION] == injection_settings.config_hash(
+        settings
+    )
     assert "amqp://" not in json.dumps(pod), "the broker URL stays in its Secret"
 
 
 def test_users_env_volumes_and_mounts_are_kept(operator: OperatorProcess) -> None:
-    original = worker_pod({"celeryevents.io/service": "billing"},
-                          volumes=[{"name": "cache", "emptyDir": {}}])
-    original["spec"]["containers"][0]["env"] = [{"name": "PYTHONPATH", "value": "/app/lib"},
-                                                {"name": "CELERY_BROKER_URL", "value": "amqp://own@broker//"},
-                                                {"name": "FEATURE", "value": "on"}]
+    original = worker_pod({"celeryevents.io/service": "billing"}, volumes=[{"name": "cache", "emptyDir": {}}])
+    original["spec"]["containers"][0]["env"] = [
+        {"name": "PYTHONPATH", "value": "/app/lib"},
+        {"name": "CELERY_BROKER_URL", "value": "amqp://own@broker//"},
+        {"name": "FEATURE", "value": "on"},
+    ]
     original["spec"]["containers"][0]["volumeMounts"] = [{"name": "cache", "mountPath": "/cache"}]
     pod, _ = admitted(operator, original)
     container = pod["spec"]["containers"][0]

@@ -21,9 +21,9 @@ from kombu.connection import Connection
 from celery_event_operator.devcluster import jsonpatch
 from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
 from tests.conftest import billing_sample, create_broker_secret
-from tests.integration.injection.test_webhook import review, worker_pod
+from tests.integration.injection.test_webhook import worker_pod
 from tests.support.kube import EmulatedApi, condition, eventually
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, admission_review
 from tests.support.workers import Worker, as_kubelet_would
 
 APPS = pathlib.Path(__file__).resolve().parent / "apps"
@@ -33,8 +33,9 @@ MAX_RETRIES = 3
 
 
 @pytest.fixture
-def injected_env(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str,
-                 tmp_path: pathlib.Path) -> Iterator[dict[str, str]]:
+def injected_env(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+) -> Iterator[dict[str, str]]:
     """The env of a worker pod of `billing` after the webhook, as the kubelet would give it."""
     create_broker_secret(kube_api, test_vhost_url)
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
@@ -42,10 +43,13 @@ def injected_env(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhos
     service["spec"]["retry"] = {"maxRetries": MAX_RETRIES}
     service["spec"]["events"]["handlers"] = [{"name": "orders.order.created"}]
     kube_api.client.create(CES, service)
-    eventually(lambda: condition(kube_api, "Ready").get("status") == "True", timeout=20,
-               message="the service never became Ready")
+    eventually(
+        lambda: condition(kube_api, "Ready").get("status") == "True",
+        timeout=20,
+        message="the service never became Ready",
+    )
     pod = worker_pod({"celeryevents.io/service": "billing"})
-    response = operator.admit(review(pod))["response"]
+    response = operator.admit(admission_review(pod))["response"]
     pod = jsonpatch.apply(pod, json.loads(base64.b64decode(response["patch"])))
     env = as_kubelet_would(pod, kube_api.client, tmp_path / "mounted-settings")
     yield {**env, "HANDLER_LOG": str(tmp_path / "handled.jsonl")}
@@ -60,6 +64,7 @@ def worker_factory(injected_env: dict[str, str], tmp_path: pathlib.Path) -> Iter
         worker = Worker(APPS, "orders_app", injected_env, tmp_path / "worker.log", *options).start()
         started.append(worker)
         return worker
+
     yield start
     for worker in started:
         worker.stop()
@@ -71,8 +76,10 @@ def handled(env: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def firing(*events: tuple[int, str]) -> str:
-    return ("from orders_app import order_created\n"
-            f"for order_id, behaviour in {list(events)!r}:\n    order_created(order_id, behaviour)")
+    return (
+        "from orders_app import order_created\n"
+        f"for order_id, behaviour in {list(events)!r}:\n    order_created(order_id, behaviour)"
+    )
 
 
 def fire(worker: Worker, *events: tuple[int, str]) -> None:
@@ -106,15 +113,18 @@ def test_worker_runs_on_injected_settings_alone(worker_factory: Any, injected_en
 
 
 def test_failures_are_retried_on_the_broker_after_1_2_4_seconds(
-        worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str) -> None:
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+) -> None:
     worker = worker_factory("--pool=solo")
     fire(worker, (7, "flaky"))
     eventually(lambda: len(handled(injected_env)) == 3, timeout=10)
     # Between the third failure and the fourth attempt (4 s): the message waits on the broker, in
     # retry level 2, and the worker holds nothing (no ETA, nothing reserved or scheduled).
     eventually(lambda: depth(test_vhost_url, "billing:retry.2") == 1, timeout=2)
-    inspected = worker.run("import json\nfrom orders_app import app\ni = app.control.inspect(timeout=2)\n"
-                           "print(json.dumps({'scheduled': i.scheduled(), 'reserved': i.reserved()}))").stdout
+    inspected = worker.run(
+        "import json\nfrom orders_app import app\ni = app.control.inspect(timeout=2)\n"
+        "print(json.dumps({'scheduled': i.scheduled(), 'reserved': i.reserved()}))"
+    ).stdout
     state = json.loads(inspected)
     assert all(not tasks for tasks in state["scheduled"].values())
     assert all(not tasks for tasks in state["reserved"].values())
@@ -130,7 +140,8 @@ def test_failures_are_retried_on_the_broker_after_1_2_4_seconds(
 
 
 def test_always_failing_event_is_archived_with_its_attempts_and_exception(
-        worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str) -> None:
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+) -> None:
     worker = worker_factory("--pool=solo")
     fire(worker, (9, "always"))
     eventually(lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=20)
@@ -144,11 +155,13 @@ def test_always_failing_event_is_archived_with_its_attempts_and_exception(
 
 
 def test_poison_message_is_archived_after_max_retries_passes(
-        worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str) -> None:
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+) -> None:
     worker = worker_factory("--pool=prefork", "--concurrency=1")
     fire(worker, (13, "crash"))
-    eventually(lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=60,
-               message="the poison message kept looping")
+    eventually(
+        lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=60, message="the poison message kept looping"
+    )
     [message] = archived(test_vhost_url)
     assert message.headers[EXCEPTION_TYPE_HEADER] == "PoisonMessageError"
     assert worker.process is not None
@@ -158,8 +171,8 @@ def test_poison_message_is_archived_after_max_retries_passes(
 
 
 def test_thousand_events_with_failures_and_a_kill_lose_nothing(
-        worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str,
-        record_property: Any) -> None:
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str, record_property: Any
+) -> None:
     total = 1000
     events = [(order_id, "always" if order_id % 10 == 0 else "slow") for order_id in range(total)]
     expected_failures = {order_id for order_id, behaviour in events if behaviour == "always"}
@@ -176,8 +189,9 @@ def test_thousand_events_with_failures_and_a_kill_lose_nothing(
     assert producer.returncode == 0, errors
 
     succeeded = lambda: {h["order_id"] for h in handled(injected_env)} - expected_failures  # noqa: E731
-    eventually(lambda: len(succeeded()) == total - len(expected_failures), timeout=120,
-               message="not every event was handled")
+    eventually(
+        lambda: len(succeeded()) == total - len(expected_failures), timeout=120, message="not every event was handled"
+    )
     # Wait for every failing event, not for a count: an event the killed worker had archived without
     # acknowledging is archived twice, so the archive can hold 100 messages before the last one arrives.
     archived_ids: Counter[int] = Counter()
@@ -185,6 +199,7 @@ def test_thousand_events_with_failures_and_a_kill_lose_nothing(
     def every_failure_archived() -> bool:
         archived_ids.update(json.loads(message.body)[0][0] for message in archived(test_vhost_url))
         return set(archived_ids) >= expected_failures
+
     eventually(every_failure_archived, timeout=60, interval=0.5, message="not every failing event was archived")
     assert set(archived_ids) == expected_failures
     runs = Counter(h["order_id"] for h in handled(injected_env) if h["order_id"] not in expected_failures)
@@ -192,7 +207,9 @@ def test_thousand_events_with_failures_and_a_kill_lose_nothing(
     archived_twice = sum(count - 1 for count in archived_ids.values())
     record_property("handled_twice", handled_twice)
     record_property("archived_twice", archived_twice)
-    print(f"1,000 events, SIGKILL after {killed_at} handler runs: every event handled or archived; "
-          f"duplicates: {handled_twice} handled twice, {archived_twice} archived twice")
+    print(
+        f"1,000 events, SIGKILL after {killed_at} handler runs: every event handled or archived; "
+        f"duplicates: {handled_twice} handled twice, {archived_twice} archived twice"
+    )
     # At least once: duplicates only of what the killed worker had taken and not acknowledged.
     assert handled_twice + archived_twice <= 16, "more duplicates than the killed worker had in flight"

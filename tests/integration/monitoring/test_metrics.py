@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_event_operator.devcluster import jsonpatch
 from tests.conftest import REPO, billing_sample, create_broker_secret
-from tests.integration.injection.test_webhook import review, worker_pod
+from tests.integration.injection.test_webhook import worker_pod
 from tests.support.kube import EmulatedApi, condition, eventually
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, admission_review
 from tests.support.workers import Worker, as_kubelet_would
 
 APPS = REPO / "tests" / "integration" / "injection" / "apps"
@@ -30,10 +30,15 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(operator: OperatorProcess, service: str = "billing") -> Samples:
-    return {(sample.name, tuple(sorted((k, v) for k, v in sample.labels.items()
-                                       if k not in ("namespace", "service_name")))): sample.value
-            for family in text_string_to_metric_families(operator.scrape()) for sample in family.samples
-            if sample.labels.get("service_name") == service}
+    return {
+        (
+            sample.name,
+            tuple(sorted((k, v) for k, v in sample.labels.items() if k not in ("namespace", "service_name"))),
+        ): sample.value
+        for family in text_string_to_metric_families(operator.scrape())
+        for sample in family.samples
+        if sample.labels.get("service_name") == service
+    }
 
 
 def value(found: Samples, name: str, **labels: str) -> float:
@@ -45,8 +50,9 @@ def workers_in(found: Samples) -> set[str]:
 
 
 @pytest.fixture
-def operator(kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str,
-             tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
+def operator(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+) -> Iterator[OperatorProcess]:
     create_broker_secret(kube_api, test_vhost_url)
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
     service = billing_sample()
@@ -73,27 +79,36 @@ def publish_events(url: str, *events: dict[str, Any] | bytes) -> None:
         channel = connection.channel()
         for item in events:
             body = item if isinstance(item, bytes) else json.dumps(item)
-            channel.basic_publish(amqp.Message(body, content_type="application/json"), exchange="billing:celeryev",
-                                  routing_key="worker.heartbeat")
+            channel.basic_publish(
+                amqp.Message(body, content_type="application/json"),
+                exchange="billing:celeryev",
+                routing_key="worker.heartbeat",
+            )
 
 
 def heartbeat(worker: str) -> dict[str, Any]:
     return {"type": "worker-heartbeat", "hostname": f"celery@{worker}", "active": 0, "freq": 2.0, "timestamp": 1.0}
 
 
-def test_real_workers_produce_exact_counters(kube_api: EmulatedApi, operator: OperatorProcess,
-                                             tmp_path: pathlib.Path) -> None:
+def test_real_workers_produce_exact_counters(
+    kube_api: EmulatedApi, operator: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
     pod = worker_pod({"celeryevents.io/service": "billing"})
-    patch = json.loads(base64.b64decode(operator.admit(review(pod))["response"]["patch"]))
-    env = {**as_kubelet_would(jsonpatch.apply(pod, patch), kube_api.client, tmp_path / "settings"),
-           "HANDLER_LOG": str(tmp_path / "handled.jsonl")}
-    worker = Worker(APPS, "orders_app", env, tmp_path / "worker.log", "--pool=solo",
-                    "--hostname=celery@billing-worker-7f9c-abcde").start()
+    patch = json.loads(base64.b64decode(operator.admit(admission_review(pod))["response"]["patch"]))
+    env = {
+        **as_kubelet_would(jsonpatch.apply(pod, patch), kube_api.client, tmp_path / "settings"),
+        "HANDLER_LOG": str(tmp_path / "handled.jsonl"),
+    }
+    worker = Worker(
+        APPS, "orders_app", env, tmp_path / "worker.log", "--pool=solo", "--hostname=celery@billing-worker-7f9c-abcde"
+    ).start()
     try:
-        worker.run("from orders_app import order_created\n"
-                   "for i in range(3): order_created(i, 'ok')\n"
-                   "for i in range(2): order_created(10 + i, 'always')\n"
-                   "order_created(20, 'flaky-once')")
+        worker.run(
+            "from orders_app import order_created\n"
+            "for i in range(3): order_created(i, 'ok')\n"
+            "for i in range(2): order_created(10 + i, 'always')\n"
+            "order_created(20, 'flaky-once')"
+        )
         pod_name = "billing-worker-7f9c-abcde"
 
         def settled() -> Samples:
@@ -101,6 +116,7 @@ def test_real_workers_produce_exact_counters(kube_api: EmulatedApi, operator: Op
             assert value(found, "celery_task_failed_total", task=TASK, worker=pod_name, exception="KeyError") == 2
             assert value(found, "celery_task_succeeded_total", task=TASK, worker=pod_name) == 4
             return found
+
         found = eventually(settled, timeout=30, message="the events did not add up")
     finally:
         worker.stop()
@@ -118,11 +134,15 @@ def test_real_workers_produce_exact_counters(kube_api: EmulatedApi, operator: Op
 
 
 def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(
-        kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str) -> None:
+    kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str
+) -> None:
     def pod(name: str) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "labels": {"celeryevents.io/service": "billing"}},
-                "spec": {"containers": [{"name": "worker", "image": "w"}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"celeryevents.io/service": "billing"}},
+            "spec": {"containers": [{"name": "worker", "image": "w"}]},
+        }
 
     previous: list[str] = []
     for rollout in range(20):
@@ -133,33 +153,48 @@ def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(
         for name in previous:
             kube_api.client.delete(f"{PODS}/{name}")
         previous = current
-    eventually(lambda: workers_in(scrape(operator)) == set(previous), timeout=10,
-               message="series of deleted pods stayed")
+    eventually(
+        lambda: workers_in(scrape(operator)) == set(previous), timeout=10, message="series of deleted pods stayed"
+    )
 
     victim = previous[0]
     kube_api.client.delete(f"{PODS}/{victim}")
-    eventually(lambda: victim not in workers_in(scrape(operator)), timeout=1.0, interval=0.05,
-               message="the deleted pod's series outlived a second")
+    eventually(
+        lambda: victim not in workers_in(scrape(operator)),
+        timeout=1.0,
+        interval=0.05,
+        message="the deleted pod's series outlived a second",
+    )
     publish_events(test_vhost_url, {"type": "worker-offline", "hostname": f"celery@{victim}", "timestamp": 2.0})
     eventually(lambda: value(scrape(operator), "celery_event_operator_events_consumed_total") >= 201, timeout=5)
     assert victim not in workers_in(scrape(operator)), "a late event does not bring the series back"
 
 
-def test_garbage_is_counted_and_metrics_stay_correct(kube_api: EmulatedApi, operator: OperatorProcess,
-                                                     test_vhost_url: str) -> None:
-    publish_events(test_vhost_url, b"\x00\x01\x02", b'{"hostname": "celery@x"}', b"[1, 2]",
-                   {"type": "task-received", "hostname": "celery@pod-a", "uuid": "u1", "name": "n",
-                    "args": "x" * 100_000},
-                   {"type": "task-received", "hostname": "celery@pod-a", "uuid": "u2", "name": "n"})
-    found = eventually(lambda: value(scrape(operator), "celery_task_received_total", task="n", worker="pod-a") == 1
-                       and scrape(operator), timeout=10)
+def test_garbage_is_counted_and_metrics_stay_correct(
+    kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str
+) -> None:
+    publish_events(
+        test_vhost_url,
+        b"\x00\x01\x02",
+        b'{"hostname": "celery@x"}',
+        b"[1, 2]",
+        {"type": "task-received", "hostname": "celery@pod-a", "uuid": "u1", "name": "n", "args": "x" * 100_000},
+        {"type": "task-received", "hostname": "celery@pod-a", "uuid": "u2", "name": "n"},
+    )
+    found = eventually(
+        lambda: (
+            value(scrape(operator), "celery_task_received_total", task="n", worker="pod-a") == 1 and scrape(operator)
+        ),
+        timeout=10,
+    )
     # not JSON, no type, a batch of two non-events, one huge event
     assert value(found, "celery_event_operator_events_malformed_total") == 5
     assert operator.alive()
 
 
-def test_deleting_the_service_removes_its_series(kube_api: EmulatedApi, operator: OperatorProcess,
-                                                 test_vhost_url: str) -> None:
+def test_deleting_the_service_removes_its_series(
+    kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str
+) -> None:
     publish_events(test_vhost_url, heartbeat("pod-z"))
     eventually(lambda: "pod-z" in workers_in(scrape(operator)), timeout=10)
     kube_api.client.delete(f"{CES}/billing")

@@ -27,8 +27,8 @@ def queue_exists(url: str, name: str) -> bool:
 
 
 def test_outage_is_reported_and_the_topology_comes_back(
-        kube_api: EmulatedApi, crd_installed: dict[str, Any], private_rabbit: PrivateRabbit,
-        tmp_path: pathlib.Path) -> None:
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], private_rabbit: PrivateRabbit, tmp_path: pathlib.Path
+) -> None:
     create_broker_secret(kube_api, private_rabbit.url)
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
     try:
@@ -36,8 +36,14 @@ def test_outage_is_reported_and_the_topology_comes_back(
         eventually(lambda: condition(kube_api, "Ready").get("status") == "True", timeout=20)
 
         private_rabbit.stop()
-        down = eventually(lambda: condition(kube_api, "BrokerReachable").get("status") == "False"
-                          and condition(kube_api, "BrokerReachable"), timeout=20, message="outage not reported")
+        down = eventually(
+            lambda: (
+                condition(kube_api, "BrokerReachable").get("status") == "False"
+                and condition(kube_api, "BrokerReachable")
+            ),
+            timeout=20,
+            message="outage not reported",
+        )
         assert down["reason"] == "BrokerUnreachable"
         assert f"127.0.0.1:{private_rabbit.port}" in down["message"]
         assert condition(kube_api, "Ready")["status"] == "False"
@@ -45,13 +51,21 @@ def test_outage_is_reported_and_the_topology_comes_back(
 
         private_rabbit.wipe()  # a replaced broker: nothing of the topology survives
         private_rabbit.start()
-        eventually(lambda: condition(kube_api, "Ready").get("status") == "True", timeout=90,
-                   message="not Ready again after the broker returned")
+        eventually(
+            lambda: condition(kube_api, "Ready").get("status") == "True",
+            timeout=90,
+            message="not Ready again after the broker returned",
+        )
         assert queue_exists(private_rabbit.url, "billing.orders.order.created"), "the topology was not re-declared"
         assert operator.alive()
         # kopf posts Events from a queue of its own: they may come a little after the status.
-        eventually(lambda: {("Warning", "BrokerUnreachable"), ("Normal", "Connected")} <= {
-            (e["type"], e["reason"]) for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]},
-            timeout=5, message="no Event for the outage and the recovery")
+        eventually(
+            lambda: (
+                {("Warning", "BrokerUnreachable"), ("Normal", "Connected")}
+                <= {(e["type"], e["reason"]) for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]}
+            ),
+            timeout=5,
+            message="no Event for the outage and the recovery",
+        )
     finally:
         operator.stop()

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from celery_event_operator.api import crd
-from celery_event_operator.api.models import InvalidSpecError, effective_service_name, parse_spec
+from celery_event_operator.api.models import effective_service_name, parse_spec
+from celery_event_operator.errors import InvalidSpecError
 from tests.conftest import load_examples
 from tests.support.crd_validation import Violation, admit
 
@@ -32,6 +33,7 @@ VALID: dict[str, Any] = {
 
 def variant(changes: dict[str, Any], metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """VALID with `changes` merged into spec (None removes a key)."""
+
     def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
         for key, value in patch.items():
             if value is None:
@@ -40,6 +42,7 @@ def variant(changes: dict[str, Any], metadata: dict[str, Any] | None = None) -> 
                 merge(target[key], value)
             else:
                 target[key] = value
+
     body = copy.deepcopy(VALID)
     merge(body["spec"], changes)
     if metadata:
@@ -62,50 +65,105 @@ def test_examples_are_admitted(name: str, document: dict[str, Any]) -> None:
 
 
 BAD = [
-    pytest.param(variant({"retry": {"maxRetries": "10"}}), {Violation("spec.retry.maxRetries", "type")},
-                 id="maxRetries-as-string"),
-    pytest.param(variant({"events": {"handlers": "orders.order.created"}}),
-                 {Violation("spec.events.handlers", "type")}, id="handlers-not-a-list"),
+    pytest.param(
+        variant({"retry": {"maxRetries": "10"}}),
+        {Violation("spec.retry.maxRetries", "type")},
+        id="maxRetries-as-string",
+    ),
+    pytest.param(
+        variant({"events": {"handlers": "orders.order.created"}}),
+        {Violation("spec.events.handlers", "type")},
+        id="handlers-not-a-list",
+    ),
     pytest.param(variant({"retries": 3}), {Violation("spec", "additionalProperties")}, id="unknown-spec-field"),
-    pytest.param(variant({"broker": {"password": "x"}}), {Violation("spec.broker", "additionalProperties")},
-                 id="unknown-broker-field"),
-    pytest.param(variant({"retry": {"maxRetries": -1}}), {Violation("spec.retry.maxRetries", "minimum")},
-                 id="negative-maxRetries"),
-    pytest.param(variant({"retry": {"maxRetries": 21}}), {Violation("spec.retry.maxRetries", "maximum")},
-                 id="maxRetries-over-cap"),
-    pytest.param(variant({"retry": {"maxRetries": 1000}}), {Violation("spec.retry.maxRetries", "maximum")},
-                 id="absurd-maxRetries"),
-    pytest.param(variant({"serviceName": "Billing"}), {Violation("spec.serviceName", "pattern")},
-                 id="serviceName-uppercase"),
-    pytest.param(variant({"serviceName": "billing.v2"}), {Violation("spec.serviceName", "pattern")},
-                 id="serviceName-with-topology-separator-dot"),
-    pytest.param(variant({"serviceName": "billing:x"}), {Violation("spec.serviceName", "pattern")},
-                 id="serviceName-with-topology-separator-colon"),
-    pytest.param(variant({"serviceName": "b" * 49}), {Violation("spec.serviceName", "maxLength")},
-                 id="serviceName-too-long"),
-    pytest.param(variant({"events": {"handlers": [{"name": "orders.*"}]}}),
-                 {Violation("spec.events.handlers.0.name", "pattern")}, id="event-name-wildcard"),
-    pytest.param(variant({"events": {"handlers": [{"name": "orders..created"}]}}),
-                 {Violation("spec.events.handlers.0.name", "pattern")}, id="event-name-empty-word"),
-    pytest.param(variant({"events": {"handlers": [{"name": "x" * 201}]}}),
-                 {Violation("spec.events.handlers.0.name", "maxLength")}, id="event-name-too-long"),
-    pytest.param(variant({"events": {"handlers": [{"name": "a.b"}, {"name": "a.b"}]}}),
-                 {Violation("spec.events.handlers", "x-kubernetes-list-map-keys")}, id="duplicate-handler"),
+    pytest.param(
+        variant({"broker": {"password": "x"}}),
+        {Violation("spec.broker", "additionalProperties")},
+        id="unknown-broker-field",
+    ),
+    pytest.param(
+        variant({"retry": {"maxRetries": -1}}),
+        {Violation("spec.retry.maxRetries", "minimum")},
+        id="negative-maxRetries",
+    ),
+    pytest.param(
+        variant({"retry": {"maxRetries": 21}}),
+        {Violation("spec.retry.maxRetries", "maximum")},
+        id="maxRetries-over-cap",
+    ),
+    pytest.param(
+        variant({"retry": {"maxRetries": 1000}}),
+        {Violation("spec.retry.maxRetries", "maximum")},
+        id="absurd-maxRetries",
+    ),
+    pytest.param(
+        variant({"serviceName": "Billing"}), {Violation("spec.serviceName", "pattern")}, id="serviceName-uppercase"
+    ),
+    pytest.param(
+        variant({"serviceName": "billing.v2"}),
+        {Violation("spec.serviceName", "pattern")},
+        id="serviceName-with-topology-separator-dot",
+    ),
+    pytest.param(
+        variant({"serviceName": "billing:x"}),
+        {Violation("spec.serviceName", "pattern")},
+        id="serviceName-with-topology-separator-colon",
+    ),
+    pytest.param(
+        variant({"serviceName": "b" * 49}), {Violation("spec.serviceName", "maxLength")}, id="serviceName-too-long"
+    ),
+    pytest.param(
+        variant({"events": {"handlers": [{"name": "orders.*"}]}}),
+        {Violation("spec.events.handlers.0.name", "pattern")},
+        id="event-name-wildcard",
+    ),
+    pytest.param(
+        variant({"events": {"handlers": [{"name": "orders..created"}]}}),
+        {Violation("spec.events.handlers.0.name", "pattern")},
+        id="event-name-empty-word",
+    ),
+    pytest.param(
+        variant({"events": {"handlers": [{"name": "x" * 201}]}}),
+        {Violation("spec.events.handlers.0.name", "maxLength")},
+        id="event-name-too-long",
+    ),
+    pytest.param(
+        variant({"events": {"handlers": [{"name": "a.b"}, {"name": "a.b"}]}}),
+        {Violation("spec.events.handlers", "x-kubernetes-list-map-keys")},
+        id="duplicate-handler",
+    ),
     pytest.param(variant({"queueType": "stream"}), {Violation("spec.queueType", "enum")}, id="unknown-queueType"),
     pytest.param(variant({"broker": None}), {Violation("spec", "required")}, id="missing-broker"),
-    pytest.param(variant({"broker": {"secretRef": {"name": "Bad_Name"}}}),
-                 {Violation("spec.broker.secretRef.name", "pattern")}, id="secret-name-invalid"),
-    pytest.param(variant({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2},
-                          "workers": {"scaleTargetRef": {"name": "w"}}}),
-                 {Violation("spec.autoscaling", "minReplicas must not exceed maxReplicas")},
-                 id="minReplicas-over-maxReplicas"),
-    pytest.param(variant({"deliveryLimit": 5}),
-                 {Violation("spec", "deliveryLimit applies to quorum queues only")}, id="deliveryLimit-on-classic"),
-    pytest.param(variant({"autoscaling": {"enabled": True}}),
-                 {Violation("spec", "autoscaling needs workers.scaleTargetRef")}, id="autoscaling-without-workers"),
-    pytest.param(variant({"events": {"exchange": "amq.topic"}}),
-                 {Violation("spec.events", "exchange names starting with 'amq.' are reserved by RabbitMQ")},
-                 id="reserved-exchange"),
+    pytest.param(
+        variant({"broker": {"secretRef": {"name": "Bad_Name"}}}),
+        {Violation("spec.broker.secretRef.name", "pattern")},
+        id="secret-name-invalid",
+    ),
+    pytest.param(
+        variant(
+            {
+                "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2},
+                "workers": {"scaleTargetRef": {"name": "w"}},
+            }
+        ),
+        {Violation("spec.autoscaling", "minReplicas must not exceed maxReplicas")},
+        id="minReplicas-over-maxReplicas",
+    ),
+    pytest.param(
+        variant({"deliveryLimit": 5}),
+        {Violation("spec", "deliveryLimit applies to quorum queues only")},
+        id="deliveryLimit-on-classic",
+    ),
+    pytest.param(
+        variant({"autoscaling": {"enabled": True}}),
+        {Violation("spec", "autoscaling needs workers.scaleTargetRef")},
+        id="autoscaling-without-workers",
+    ),
+    pytest.param(
+        variant({"events": {"exchange": "amq.topic"}}),
+        {Violation("spec.events", "exchange names starting with 'amq.' are reserved by RabbitMQ")},
+        id="reserved-exchange",
+    ),
 ]
 
 
@@ -128,21 +186,49 @@ def test_resource_name_that_cannot_prefix_queues_needs_serviceName() -> None:
         effective_service_name(parse_spec(body["spec"]), "billing.v2")
 
 
-@pytest.mark.parametrize(("old", "new", "expected"), [
-    pytest.param(variant({"serviceName": "billing"}), variant({"serviceName": "invoicing"}),
-                 [Violation("spec", "serviceName is immutable")], id="serviceName-changed"),
-    pytest.param(VALID, variant({"serviceName": "billing"}),
-                 [Violation("spec", "serviceName is immutable")], id="serviceName-added"),
-    pytest.param(variant({"queueType": "classic"}), variant({"queueType": "quorum"}),
-                 [Violation("spec", "queueType is immutable")], id="queueType-changed"),
-    pytest.param(VALID, variant({"events": {"exchange": "other"}}),
-                 [Violation("spec.events", "exchange is immutable")], id="exchange-changed"),
-    pytest.param(variant({"broker": {"vhost": "/"}}), variant({"broker": {"vhost": "billing"}}),
-                 [Violation("spec.broker", "vhost is immutable")], id="vhost-changed"),
-    pytest.param(VALID, variant({"retry": {"maxRetries": 3}, "events": {"handlers": [{"name": "a.b"}]}}),
-                 [], id="mutable-fields-changed"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        pytest.param(
+            variant({"serviceName": "billing"}),
+            variant({"serviceName": "invoicing"}),
+            [Violation("spec", "serviceName is immutable")],
+            id="serviceName-changed",
+        ),
+        pytest.param(
+            VALID,
+            variant({"serviceName": "billing"}),
+            [Violation("spec", "serviceName is immutable")],
+            id="serviceName-added",
+        ),
+        pytest.param(
+            variant({"queueType": "classic"}),
+            variant({"queueType": "quorum"}),
+            [Violation("spec", "queueType is immutable")],
+            id="queueType-changed",
+        ),
+        pytest.param(
+            VALID,
+            variant({"events": {"exchange": "other"}}),
+            [Violation("spec.events", "exchange is immutable")],
+            id="exchange-changed",
+        ),
+        pytest.param(
+            variant({"broker": {"vhost": "/"}}),
+            variant({"broker": {"vhost": "billing"}}),
+            [Violation("spec.broker", "vhost is immutable")],
+            id="vhost-changed",
+        ),
+        pytest.param(
+            VALID,
+            variant({"retry": {"maxRetries": 3}, "events": {"handlers": [{"name": "a.b"}]}}),
+            [],
+            id="mutable-fields-changed",
+        ),
+    ],
+)
 def test_updates_of_immutable_fields_are_rejected(
-        old: dict[str, Any], new: dict[str, Any], expected: list[Violation]) -> None:
+    old: dict[str, Any], new: dict[str, Any], expected: list[Violation]
+) -> None:
     assert admit(CRD, new, old=old) == expected
     assert admit(CRD, new) == [], "the same object is valid when created anew"

@@ -44,16 +44,19 @@ def test_schema_is_structural() -> None:
         assert not forbidden, f"{path} carries {forbidden}"
 
 
-@pytest.mark.parametrize(("path", "keyword", "value"), [
-    pytest.param(".spec.retry.maxRetries", "maximum", models.MAX_RETRIES_CAP, id="retry-cap"),
-    pytest.param(".spec.retry.maxRetries", "default", 10, id="retry-default-as-celery-amqp-events"),
-    pytest.param(".spec.archive.messageTTLSeconds", "default", 604800, id="archive-ttl-7-days"),
-    pytest.param(".spec.archive.maxLength", "default", 10000, id="archive-length"),
-    pytest.param(".spec.queueType", "enum", ["classic", "quorum"], id="queue-types"),
-    pytest.param(".spec.serviceName", "pattern", models.SERVICE_NAME_PATTERN, id="service-name-pattern"),
-    pytest.param(".spec.events.handlers[].name", "pattern", models.EVENT_NAME_PATTERN, id="event-name-pattern"),
-    pytest.param(".spec.events.handlers", "x-kubernetes-list-type", "map", id="handlers-keyed-by-name"),
-])
+@pytest.mark.parametrize(
+    ("path", "keyword", "value"),
+    [
+        pytest.param(".spec.retry.maxRetries", "maximum", models.MAX_RETRIES_CAP, id="retry-cap"),
+        pytest.param(".spec.retry.maxRetries", "default", 10, id="retry-default-as-celery-amqp-events"),
+        pytest.param(".spec.archive.messageTTLSeconds", "default", 604800, id="archive-ttl-7-days"),
+        pytest.param(".spec.archive.maxLength", "default", 10000, id="archive-length"),
+        pytest.param(".spec.queueType", "enum", ["classic", "quorum"], id="queue-types"),
+        pytest.param(".spec.serviceName", "pattern", models.SERVICE_NAME_PATTERN, id="service-name-pattern"),
+        pytest.param(".spec.events.handlers[].name", "pattern", models.EVENT_NAME_PATTERN, id="event-name-pattern"),
+        pytest.param(".spec.events.handlers", "x-kubernetes-list-type", "map", id="handlers-keyed-by-name"),
+    ],
+)
 def test_schema_carries_constraints(path: str, keyword: str, value: Any) -> None:
     nodes = dict(_walk(crd.open_api_schema()))
     assert nodes[path][keyword] == value

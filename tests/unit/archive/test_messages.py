@@ -14,20 +14,29 @@ NOW = 1_800_000_000.0
 
 
 def test_celery_task_message() -> None:
-    headers = {"task": "orders.order.created", "id": "t-1", "retries": 4,
-               naming.EXCEPTION_HEADER: "KeyError: 'sku'", naming.ARCHIVED_AT_HEADER: NOW - 120}
+    headers = {
+        "task": "orders.order.created",
+        "id": "t-1",
+        "retries": 4,
+        naming.EXCEPTION_HEADER: "KeyError: 'sku'",
+        naming.ARCHIVED_AT_HEADER: NOW - 120,
+    }
     body = json.dumps([[42], {"amount": 5}, {"callbacks": None}]).encode()
     item = messages.describe(3, body, headers, {"content_type": "application/json"}, "orders.order.created")
     assert (item.kind, item.task_id, item.attempts, item.event) == ("celery", "t-1", 4, "orders.order.created")
-    assert item.summary == 'orders.order.created(42, amount=5)'
+    assert item.summary == "orders.order.created(42, amount=5)"
     assert item.exception == "KeyError: 'sku'"
     assert item.age(NOW) == 120
 
 
 def test_broker_dead_lettered_message_tells_why() -> None:
     moment = datetime.datetime.fromtimestamp(NOW - 60, tz=datetime.UTC)
-    headers = {"task": "e", "id": "t", "retries": 0,
-               "x-death": [{"reason": "delivery_limit", "queue": "billing.e", "time": moment, "count": 1}]}
+    headers = {
+        "task": "e",
+        "id": "t",
+        "retries": 0,
+        "x-death": [{"reason": "delivery_limit", "queue": "billing.e", "time": moment, "count": 1}],
+    }
     item = messages.describe(0, b"[[], {}, {}]", headers, {}, "e")
     assert item.exception == "dead-lettered by the broker: delivery_limit from billing.e"
     assert item.age(NOW) == 60
@@ -44,20 +53,31 @@ def test_raw_json_event_and_unparseable_message_are_shown_not_dropped() -> None:
 
 
 def test_replayed_copy_has_its_attempts_and_history_reset() -> None:
-    headers = {"task": "e", "id": "t", "retries": 4, "x-death": [{}], naming.EXCEPTION_HEADER: "x",
-               naming.EXCEPTION_TYPE_HEADER: "X", naming.ARCHIVED_AT_HEADER: 1.0, "custom": "kept"}
+    headers = {
+        "task": "e",
+        "id": "t",
+        "retries": 4,
+        "x-death": [{}],
+        naming.EXCEPTION_HEADER: "x",
+        naming.EXCEPTION_TYPE_HEADER: "X",
+        naming.ARCHIVED_AT_HEADER: 1.0,
+        "custom": "kept",
+    }
     assert messages.replay_headers(headers) == {"task": "e", "id": "t", "retries": 0, "custom": "kept"}
     assert messages.replay_headers({"x-death": [{}]}) == {}, "a raw event gets no Celery header"
 
 
-@pytest.mark.parametrize(("event", "older", "newer", "expected"), [
-    pytest.param(None, None, None, True, id="everything"),
-    pytest.param("e", None, None, True, id="this-event"),
-    pytest.param("other", None, None, False, id="other-event"),
-    pytest.param(None, 60, None, True, id="older-than-a-minute"),
-    pytest.param(None, 600, None, False, id="not-older-than-ten-minutes"),
-    pytest.param(None, None, 60, False, id="not-newer-than-a-minute"),
-])
+@pytest.mark.parametrize(
+    ("event", "older", "newer", "expected"),
+    [
+        pytest.param(None, None, None, True, id="everything"),
+        pytest.param("e", None, None, True, id="this-event"),
+        pytest.param("other", None, None, False, id="other-event"),
+        pytest.param(None, 60, None, True, id="older-than-a-minute"),
+        pytest.param(None, 600, None, False, id="not-older-than-ten-minutes"),
+        pytest.param(None, None, 60, False, id="not-newer-than-a-minute"),
+    ],
+)
 def test_selection(event: str | None, older: float | None, newer: float | None, expected: bool) -> None:
     item = messages.describe(0, b"{}", {naming.ARCHIVED_AT_HEADER: NOW - 120}, {}, "e")
     assert messages.selected(item, event=event, older_than=older, newer_than=newer, now=NOW) is expected

@@ -32,12 +32,25 @@ VALUE_SETS = [
     pytest.param({"webhook": {"certManager": {"enabled": True}}}, id="cert-manager"),
     pytest.param({"webhook": {"existingCertSecret": "my-tls", "caBundle": "Y2E="}}, id="existing-certificate"),
     pytest.param({"webhook": {"enabled": False}}, id="no-webhook"),
-    pytest.param({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
-                              "prometheusRule": {"enabled": True}}}, id="service-monitor-and-rules"),
+    pytest.param(
+        {
+            "metrics": {
+                "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                "prometheusRule": {"enabled": True},
+            }
+        },
+        id="service-monitor-and-rules",
+    ),
     pytest.param({"watchNamespaces": ["shop", "billing"]}, id="namespaced"),
     pytest.param({"crds": {"enabled": False}}, id="no-crds"),
-    pytest.param({"verbose": True, "image": {"repository": "registry.local/ceo", "tag": "dev"},
-                  "serviceAccount": {"create": False, "name": "existing"}}, id="custom"),
+    pytest.param(
+        {
+            "verbose": True,
+            "image": {"repository": "registry.local/ceo", "tag": "dev"},
+            "serviceAccount": {"create": False, "name": "existing"},
+        },
+        id="custom",
+    ),
 ]
 
 
@@ -73,8 +86,9 @@ def test_namespaced_install_binds_roles_per_namespace() -> None:
     assert ("RoleBinding", "billing") in kinds
     assert not {kind for kind, _ in kinds} & {"ClusterRole", "ClusterRoleBinding"}
     [deployment] = [d for d in documents if d["kind"] == "Deployment"]
-    assert {"--namespace=shop", "--namespace=billing"} <= set(deployment["spec"]["template"]["spec"]
-                                                                ["containers"][0]["args"])
+    assert {"--namespace=shop", "--namespace=billing"} <= set(
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
 
 
 def test_operator_pod_is_hardened() -> None:
@@ -83,29 +97,35 @@ def test_operator_pod_is_hardened() -> None:
     container = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
-@pytest.mark.parametrize("values", [
-    pytest.param({"unknownKey": 1}, id="unknown-top-level-key"),
-    pytest.param({"crds": {"enable": True}}, id="misspelt-nested-key"),
-    pytest.param({"watchNamespaces": ["Not_A_Namespace"]}, id="bad-namespace"),
-    pytest.param({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, id="bad-pull-policy"),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({"unknownKey": 1}, id="unknown-top-level-key"),
+        pytest.param({"crds": {"enable": True}}, id="misspelt-nested-key"),
+        pytest.param({"watchNamespaces": ["Not_A_Namespace"]}, id="bad-namespace"),
+        pytest.param({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, id="bad-pull-policy"),
+    ],
+)
 def test_bad_values_are_rejected_by_the_schema(values: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmError):
         render(values)
 
 
 def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
-    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-               for rule in rules)
+    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in rules)
 
 
-@pytest.mark.parametrize("values", [pytest.param({}, id="cluster-wide"),
-                                    pytest.param({"watchNamespaces": ["shop"]}, id="namespaced")])
+@pytest.mark.parametrize(
+    "values", [pytest.param({}, id="cluster-wide"), pytest.param({"watchNamespaces": ["shop"]}, id="namespaced")]
+)
 @pytest.mark.parametrize(("group", "resource", "verb"), API_CALLS)
 def test_rbac_covers_every_api_call(values: dict[str, Any], group: str, resource: str, verb: str) -> None:
     roles = [d for d in render(values) if d["kind"] in ("ClusterRole", "Role")]
@@ -128,8 +148,7 @@ def test_webhook_never_blocks_pod_creation() -> None:
     [webhook] = configuration["webhooks"]
     assert webhook["failurePolicy"] == "Ignore"
     assert webhook["timeoutSeconds"] <= 10
-    assert webhook["objectSelector"] == {"matchExpressions": [
-        {"key": "celeryevents.io/service", "operator": "Exists"}]}
+    assert webhook["objectSelector"] == {"matchExpressions": [{"key": "celeryevents.io/service", "operator": "Exists"}]}
     assert webhook["namespaceSelector"]["matchExpressions"][0]["values"] == ["shop"]
     assert webhook["rules"][0]["operations"] == ["CREATE"]
     assert webhook["clientConfig"]["service"]["path"] == "/inject-celery-settings"
@@ -144,8 +163,10 @@ def test_webhook_certificate_from_cert_manager() -> None:
     assert {"Certificate", "Issuer"} <= kinds
     assert "Secret" not in kinds, "cert-manager writes the Secret"
     [configuration] = [d for d in documents if d["kind"] == "MutatingWebhookConfiguration"]
-    assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
-        "operators/ceo-celery-event-operator-webhook"
+    assert (
+        configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        == "operators/ceo-celery-event-operator-webhook"
+    )
     assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
 
 
@@ -170,8 +191,12 @@ def test_service_monitor_scrapes_the_metrics_port() -> None:
 def test_alert_rules_use_metrics_the_operator_exports() -> None:
     [rule] = [d for d in render({"metrics": {"prometheusRule": {"enabled": True}}}) if d["kind"] == "PrometheusRule"]
     alerts = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
-    assert set(alerts) == {"CeleryArchiveFillingUp", "CeleryTaskFailureRate", "CeleryQueueWithoutConsumers",
-                           "CeleryEventOperatorReconcileFailures"}
+    assert set(alerts) == {
+        "CeleryArchiveFillingUp",
+        "CeleryTaskFailureRate",
+        "CeleryQueueWithoutConsumers",
+        "CeleryEventOperatorReconcileFailures",
+    }
     registry = MetricsRegistry()
     families = list(EventsCollector(registry).collect())
     exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}

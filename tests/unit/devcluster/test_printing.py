@@ -8,23 +8,31 @@ import pytest
 from celery_event_operator.api import crd
 from celery_event_operator.devcluster import printing
 
-OBJ = {"metadata": {"name": "billing", "creationTimestamp": "2026-01-01T00:00:00Z"},
-       "status": {"queueLength": 42, "conditions": [{"type": "Other", "status": "False"},
-                                                      {"type": "Ready", "status": "True"}]}}
+OBJ = {
+    "metadata": {"name": "billing", "creationTimestamp": "2026-01-01T00:00:00Z"},
+    "status": {
+        "queueLength": 42,
+        "conditions": [{"type": "Other", "status": "False"}, {"type": "Ready", "status": "True"}],
+    },
+}
 
 
-@pytest.mark.parametrize(("path", "expected"), [
-    pytest.param(".status.queueLength", [42], id="dotted"),
-    pytest.param('.status.conditions[?(@.type=="Ready")].status', ["True"], id="filter"),
-    pytest.param(".status.conditions[0].type", ["Other"], id="index"),
-    pytest.param(".status.replicas", [], id="absent"),
-])
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        pytest.param(".status.queueLength", [42], id="dotted"),
+        pytest.param('.status.conditions[?(@.type=="Ready")].status', ["True"], id="filter"),
+        pytest.param(".status.conditions[0].type", ["Other"], id="index"),
+        pytest.param(".status.replicas", [], id="absent"),
+    ],
+)
 def test_jsonpath(path: str, expected: list[Any]) -> None:
     assert printing.jsonpath(OBJ, path) == expected
 
 
-@pytest.mark.parametrize(("seconds", "expected"), [(5, "5s"), (119, "119s"), (600, "10m"), (7200, "2h"),
-                                                   (3 * 86400, "3d")])
+@pytest.mark.parametrize(
+    ("seconds", "expected"), [(5, "5s"), (119, "119s"), (600, "10m"), (7200, "2h"), (3 * 86400, "3d")]
+)
 def test_human_age(seconds: int, expected: str) -> None:
     now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(seconds=seconds)
     assert printing.human_age("2026-01-01T00:00:00Z", now) == expected

@@ -7,13 +7,16 @@ from typing import Any
 from celery_event_operator.injection import pod
 from celery_event_operator.injection.settings import HASH_ANNOTATION, MOUNT_PATH
 
-INJECTION = pod.Injection(service="billing", secret_name="rabbitmq", secret_key="url",
-                          configmap="billing-celery-events", config_hash="abc123")
+INJECTION = pod.Injection(
+    service="billing", secret_name="rabbitmq", secret_key="url", configmap="billing-celery-events", config_hash="abc123"
+)
 
 
 def a_pod(*containers: dict[str, Any], volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"metadata": {"labels": {"celeryevents.io/service": "billing"}},
-            "spec": {"containers": list(containers), **({"volumes": volumes} if volumes else {})}}
+    return {
+        "metadata": {"labels": {"celeryevents.io/service": "billing"}},
+        "spec": {"containers": list(containers), **({"volumes": volumes} if volumes else {})},
+    }
 
 
 def env_names(container: dict[str, Any]) -> list[str]:
@@ -23,12 +26,19 @@ def env_names(container: dict[str, Any]) -> list[str]:
 def test_every_container_gets_env_and_mount() -> None:
     changes = pod.changes(a_pod({"name": "worker"}, {"name": "sidecar"}), INJECTION)
     for container in changes.containers:
-        assert env_names(container) == ["CELERY_BROKER_URL", "CELERY_LOADER", "CELERY_CONFIG_MODULE",
-                                        "CELERY_EVENTS_SETTINGS", "CELERY_WORKER_WITHOUT_MINGLE",
-                                        "CELERY_WORKER_WITHOUT_GOSSIP", "PYTHONPATH"]
+        assert env_names(container) == [
+            "CELERY_BROKER_URL",
+            "CELERY_LOADER",
+            "CELERY_CONFIG_MODULE",
+            "CELERY_EVENTS_SETTINGS",
+            "CELERY_WORKER_WITHOUT_MINGLE",
+            "CELERY_WORKER_WITHOUT_GOSSIP",
+            "PYTHONPATH",
+        ]
         assert container["volumeMounts"] == [{"name": pod.VOLUME_NAME, "mountPath": MOUNT_PATH, "readOnly": True}]
-    assert changes.volumes == [{"name": pod.VOLUME_NAME,
-                                "configMap": {"name": "billing-celery-events", "defaultMode": 0o444}}]
+    assert changes.volumes == [
+        {"name": pod.VOLUME_NAME, "configMap": {"name": "billing-celery-events", "defaultMode": 0o444}}
+    ]
     assert changes.annotations == {HASH_ANNOTATION: "abc123"}
 
 
@@ -47,7 +57,6 @@ def test_user_entries_are_kept_first_and_win() -> None:
 
 def test_applying_twice_changes_nothing_more() -> None:
     once = pod.changes(a_pod({"name": "w"}), INJECTION)
-    twice = pod.changes({"metadata": {}, "spec": {"containers": once.containers, "volumes": once.volumes}},
-                        INJECTION)
+    twice = pod.changes({"metadata": {}, "spec": {"containers": once.containers, "volumes": once.volumes}}, INJECTION)
     assert twice.containers == once.containers
     assert twice.volumes == once.volumes

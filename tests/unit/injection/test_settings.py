@@ -11,8 +11,9 @@ from celery_event_operator.injection import settings
 
 
 def spec(**changes: Any) -> Any:
-    return parse_spec({"broker": {"secretRef": {"name": "rabbitmq"}}, "events": {"handlers": [{"name": "a.b"}]},
-                       **changes})
+    return parse_spec(
+        {"broker": {"secretRef": {"name": "rabbitmq"}}, "events": {"handlers": [{"name": "a.b"}]}, **changes}
+    )
 
 
 def test_robust_defaults() -> None:
@@ -38,27 +39,40 @@ def test_robust_defaults() -> None:
     assert "broker_url" not in celery, "the URL reaches pods only as a secretKeyRef"
 
 
-@pytest.mark.parametrize(("changes", "requeue_lost_task"), [
-    pytest.param({}, False, id="classic-dead-letters-lost-tasks-through-retry-level-0"),
-    pytest.param({"queueType": "quorum"}, True, id="quorum-requeues-up-to-the-delivery-limit"),
-    pytest.param({"retry": {"maxRetries": 0}}, True, id="classic-without-levels-has-no-dead-letter-exchange"),
-])
+@pytest.mark.parametrize(
+    ("changes", "requeue_lost_task"),
+    [
+        pytest.param({}, False, id="classic-dead-letters-lost-tasks-through-retry-level-0"),
+        pytest.param({"queueType": "quorum"}, True, id="quorum-requeues-up-to-the-delivery-limit"),
+        pytest.param({"retry": {"maxRetries": 0}}, True, id="classic-without-levels-has-no-dead-letter-exchange"),
+    ],
+)
 def test_lost_task_handling(changes: dict[str, Any], requeue_lost_task: bool) -> None:
     assert settings.render("s", spec(**changes))["celery"]["task_reject_on_worker_lost"] is requeue_lost_task
 
 
 def test_entity_names_for_the_runtime() -> None:
-    events = settings.render("s", spec(retry={"maxRetries": 2}, events={"exchange": "domain",
-                                                                          "handlers": [{"name": "a.b"}]}))
+    events = settings.render(
+        "s", spec(retry={"maxRetries": 2}, events={"exchange": "domain", "handlers": [{"name": "a.b"}]})
+    )
     assert events["celery_events"] == {
-        "service": "s", "events_exchange": "domain", "handler_queues": {"a.b": "s.a.b"},
-        "retry_exchanges": ["s:retry", "s:retry.1"], "archive_exchange": "s:archived",
-        "queue_type": "classic", "vhost": None}
+        "service": "s",
+        "events_exchange": "domain",
+        "handler_queues": {"a.b": "s.a.b"},
+        "retry_exchanges": ["s:retry", "s:retry.1"],
+        "archive_exchange": "s:archived",
+        "queue_type": "classic",
+        "vhost": None,
+    }
 
 
 def test_tuning_overrides() -> None:
-    tuned = spec(workers={"scaleTargetRef": {"name": "w"}, "celery": {
-        "prefetchMultiplier": 4, "concurrency": 8, "timeLimitSeconds": 60, "softTimeLimitSeconds": 50}})
+    tuned = spec(
+        workers={
+            "scaleTargetRef": {"name": "w"},
+            "celery": {"prefetchMultiplier": 4, "concurrency": 8, "timeLimitSeconds": 60, "softTimeLimitSeconds": 50},
+        }
+    )
     celery = settings.render("s", tuned)["celery"]
     assert (celery["worker_prefetch_multiplier"], celery["worker_concurrency"]) == (4, 8)
     assert (celery["task_time_limit"], celery["task_soft_time_limit"]) == (60, 50)

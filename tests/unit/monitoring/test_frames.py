@@ -15,24 +15,33 @@ def frame(kind: int, payload: bytes, channel: int = 1) -> bytes:
     return struct.pack(">BHI", kind, channel, len(payload)) + payload + b"\xce"
 
 
-def delivery(body: bytes, frame_body_max: int = frames.FRAME_MAX - 8) -> bytes:
+def delivery(body: bytes, frame_body_max: int = frames.FRAME_MAX - 8, tag: str = "ctag") -> bytes:
     """basic.deliver, its content header and the body in frames of at most `frame_body_max` bytes."""
-    deliver = frames.method_frame(1, frames.BASIC_DELIVER, "sLbss", ("ctag", 1, False, "S:celeryev", "task.x"))
+    deliver = frames.method_frame(1, frames.BASIC_DELIVER, "sLbss", (tag, 1, False, "S:celeryev", "task.x"))
     header = frame(frames.HEADER, struct.pack(">HHQH", 60, 0, len(body), 0))
-    parts = [body[i:i + frame_body_max] for i in range(0, len(body), frame_body_max)]
+    parts = [body[i : i + frame_body_max] for i in range(0, len(body), frame_body_max)]
     return deliver + header + b"".join(frame(frames.BODY, part) for part in parts)
 
 
 class Recorder:
-    def __init__(self, max_body_bytes: int = 1000) -> None:
+    """The route of one consumer tag; `reader` routes `ctag` to it (and whatever `routes` adds)."""
+
+    def __init__(self, max_body_bytes: int = 1000, kept_bytes: int = 32) -> None:
         self.bodies: list[bytes] = []
         self.methods: list[tuple[int, frames.MethodId, bytes]] = []
         self.oversized = 0
-        self.reader = frames.DeliveryReader(self.bodies.append, lambda *method: self.methods.append(method),
-                                            self._count_oversized, max_body_bytes)
+        self.oversized_parts: list[tuple[bytes, bytes, int]] = []
+        self.routes: dict[bytes, frames.Route] = {b"ctag": self}
+        self.reader = frames.DeliveryReader(
+            self.routes, lambda *method: self.methods.append(method), max_body_bytes, kept_bytes
+        )
 
-    def _count_oversized(self) -> None:
+    def on_body(self, body: bytes) -> None:
+        self.bodies.append(body)
+
+    def on_oversized(self, head: bytes, tail: bytes, size: int) -> None:
         self.oversized += 1
+        self.oversized_parts.append((head, tail, size))
 
 
 BODIES = [b'{"type": "task-sent"}', b"", b"x" * 250, b"not json at all", "ünïcode".encode()]
@@ -42,11 +51,12 @@ def test_bodies_come_out_whole_and_in_order_from_any_split_of_the_stream() -> No
     stream = b"".join(delivery(body, frame_body_max=100) for body in BODIES)
     rng = random.Random(3)
     splits = [[1] * len(stream), [7] * len(stream), [len(stream)]] + [
-        [rng.randint(1, 40) for _ in range(len(stream))] for _ in range(20)]
+        [rng.randint(1, 40) for _ in range(len(stream))] for _ in range(20)
+    ]
     for sizes in splits:
         recorder, position = Recorder(), 0
         for size in sizes:
-            recorder.reader.feed(stream[position:position + size])
+            recorder.reader.feed(stream[position : position + size])
             position += size
             if position >= len(stream):
                 break
@@ -60,6 +70,22 @@ def test_oversized_body_is_reported_and_skipped_without_disturbing_the_next() ->
     recorder.reader.feed(delivery(b"y" * 450, frame_body_max=100) + delivery(b"small") + delivery(b"z" * 101))
     assert recorder.bodies == [b"small"]
     assert recorder.oversized == 2
+
+
+def test_an_oversized_body_keeps_its_head_and_tail_only() -> None:
+    recorder = Recorder(max_body_bytes=100, kept_bytes=10)
+    body = b"HEAD-" + b"." * 500 + b"-TAIL"
+    recorder.reader.feed(delivery(body, frame_body_max=64))
+    assert recorder.oversized_parts == [(body[:10], body[-10:], len(body))]
+
+
+def test_deliveries_go_to_the_route_of_their_consumer_tag() -> None:
+    first, second = Recorder(), Recorder()
+    first.routes[b"other"] = second
+    first.reader.feed(
+        delivery(b"1", tag="ctag") + delivery(b"2", tag="other") + delivery(b"3", tag="gone") + delivery(b"4")
+    )
+    assert (first.bodies, second.bodies) == ([b"1", b"4"], [b"2"])
 
 
 def test_other_methods_are_handed_over_and_heartbeats_ignored() -> None:
@@ -80,13 +106,16 @@ def test_method_frames_encode_what_the_broker_decodes() -> None:
     assert serialization.loads("BlB", encoded[:-1], 11)[0] == [1, frames.FRAME_MAX, 30]
 
 
-@pytest.mark.parametrize(("stream", "complaint"), [
-    (frame(frames.BODY, b"abc")[:-1] + b"\x00", "frame-end"),
-    (frame(9, b""), "unknown frame type"),
-    (frame(frames.HEADER, struct.pack(">HHQH", 60, 0, 2, 0)) + frame(frames.BODY, b"abc"), "runs past"),
-    (frame(frames.BODY, b"stray"), "runs past"),
-    (struct.pack(">BHI", frames.BODY, 1, frames.FRAME_MAX + 1) + b"...", "maximum"),
-])
+@pytest.mark.parametrize(
+    ("stream", "complaint"),
+    [
+        (frame(frames.BODY, b"abc")[:-1] + b"\x00", "frame-end"),
+        (frame(9, b""), "unknown frame type"),
+        (frame(frames.HEADER, struct.pack(">HHQH", 60, 0, 2, 0)) + frame(frames.BODY, b"abc"), "runs past"),
+        (frame(frames.BODY, b"stray"), "runs past"),
+        (struct.pack(">BHI", frames.BODY, 1, frames.FRAME_MAX + 1) + b"...", "maximum"),
+    ],
+)
 def test_a_stream_that_is_not_amqp_framing_is_refused(stream: bytes, complaint: str) -> None:
     with pytest.raises(frames.FramingError, match=complaint):
         Recorder().reader.feed(stream)

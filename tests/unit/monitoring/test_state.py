@@ -21,8 +21,11 @@ def samples(registry: MetricsRegistry) -> dict[tuple[str, tuple[tuple[str, str],
     collector_registry = CollectorRegistry()
     collector_registry.register(EventsCollector(registry))
     text = generate_latest(collector_registry).decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def value(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
@@ -30,11 +33,17 @@ def value(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str
     return found[(name, tuple(sorted(wanted.items())))]
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("KeyError('sku')", "KeyError"), ("ValueError: bad", "ValueError"),
-    ("app.errors.PaymentDeclined('card')", "PaymentDeclined"), ("", "Exception"),
-    ("Retry(Retry(...), KeyError('always fails'), 0)", "KeyError"), ("Retry in 0s: ValueError('x')", "ValueError"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("KeyError('sku')", "KeyError"),
+        ("ValueError: bad", "ValueError"),
+        ("app.errors.PaymentDeclined('card')", "PaymentDeclined"),
+        ("", "Exception"),
+        ("Retry(Retry(...), KeyError('always fails'), 0)", "KeyError"),
+        ("Retry in 0s: ValueError('x')", "ValueError"),
+    ],
+)
 def test_exception_class(text: str, expected: str) -> None:
     assert state.exception_class(text) == expected
 
@@ -42,15 +51,17 @@ def test_exception_class(text: str, expected: str) -> None:
 def test_task_lifecycle_counters_histogram_and_names_from_the_lru() -> None:
     registry = MetricsRegistry()
     metrics = registry.service("shop", "billing")
-    for item in [event("task-sent", "producer-x", uuid="t1", name="orders.created"),
-                 event("task-received", uuid="t1", name="orders.created"),
-                 event("task-started", uuid="t1"),  # no name: found by uuid
-                 event("task-succeeded", uuid="t1", runtime=0.3),
-                 event("task-received", uuid="t2", name="orders.created"),
-                 event("task-started", uuid="t2"),
-                 event("task-retried", uuid="t2", exception="KeyError('sku')"),
-                 event("task-received", uuid="t2", name="orders.created"),
-                 event("task-failed", uuid="t2", exception="ValueError('no')")]:
+    for item in [
+        event("task-sent", "producer-x", uuid="t1", name="orders.created"),
+        event("task-received", uuid="t1", name="orders.created"),
+        event("task-started", uuid="t1"),  # no name: found by uuid
+        event("task-succeeded", uuid="t1", runtime=0.3),
+        event("task-received", uuid="t2", name="orders.created"),
+        event("task-started", uuid="t2"),
+        event("task-retried", uuid="t2", exception="KeyError('sku')"),
+        event("task-received", uuid="t2", name="orders.created"),
+        event("task-failed", uuid="t2", exception="ValueError('no')"),
+    ]:
         metrics.ingest_message(json.dumps(item).encode(), now=10.0)
     found = samples(registry)
     task = {"task": "orders.created"}
@@ -79,13 +90,16 @@ def test_workers_up_active_and_offline() -> None:
     assert value(found, "celery_worker_tasks_active", worker="pod-a") == 0
 
 
-@pytest.mark.parametrize("body", [
-    pytest.param(b"\x00\x01 not json", id="not-json"),
-    pytest.param(b'{"hostname": "celery@x"}', id="no-type"),
-    pytest.param(b'["just", "strings"]', id="list-of-garbage"),
-    pytest.param(json.dumps(event("task-received", args="x" * state.MAX_EVENT_BYTES)).encode(), id="huge"),
-    pytest.param(b'{"type": 3, "hostname": "celery@x"}', id="wrong-types"),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\x00\x01 not json", id="not-json"),
+        pytest.param(b'{"hostname": "celery@x"}', id="no-type"),
+        pytest.param(b'["just", "strings"]', id="list-of-garbage"),
+        pytest.param(json.dumps(event("task-received", args="x" * state.MAX_EVENT_BYTES)).encode(), id="huge"),
+        pytest.param(b'{"type": 3, "hostname": "celery@x"}', id="wrong-types"),
+    ],
+)
 def test_malformed_messages_are_counted_and_skipped(body: bytes) -> None:
     metrics = state.ServiceMetrics("shop", "billing")
     metrics.ingest_message(body, 1.0)
@@ -97,8 +111,12 @@ def test_malformed_messages_are_counted_and_skipped(body: bytes) -> None:
 
 def test_batched_events_and_unknown_types() -> None:
     metrics = state.ServiceMetrics("shop", "billing")
-    metrics.ingest_message(json.dumps([event("task-received", uuid="a", name="n"),
-                                       event("task-custom"), event("something-else")]).encode(), 1.0)
+    metrics.ingest_message(
+        json.dumps(
+            [event("task-received", uuid="a", name="n"), event("task-custom"), event("something-else")]
+        ).encode(),
+        1.0,
+    )
     assert metrics.counters == {("received", "n", "pod-a", ""): 1}
     assert metrics.dropped == 2
 

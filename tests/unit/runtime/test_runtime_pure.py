@@ -13,15 +13,18 @@ from typing import Any
 import pytest
 
 from celery_event_operator.api.models import parse_spec
+from celery_event_operator.broker.address import with_vhost
 from celery_event_operator.injection import settings
 from celery_event_operator.runtime import app as runtime
 from celery_event_operator.topology import plan
 
 
 def test_runtime_imports_without_operator_dependencies() -> None:
-    code = ("import sys, celery_event_operator.runtime\n"
-            "heavy = {'kopf', 'pydantic', 'kubernetes', 'prometheus_client', 'cryptography'} & set(sys.modules)\n"
-            "assert not heavy, heavy")
+    code = (
+        "import sys, celery_event_operator.runtime\n"
+        "heavy = {'kopf', 'pydantic', 'kubernetes', 'prometheus_client', 'cryptography'} & set(sys.modules)\n"
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -38,13 +41,19 @@ def dataclass_without_handlers(events: runtime.EventsSettings) -> runtime.Events
     return dataclasses.replace(events, handler_queues={})
 
 
-@pytest.mark.parametrize(("deaths", "expected"), [
-    pytest.param([], 0, id="none"),
-    pytest.param([{"queue": "s.e", "reason": "rejected", "count": 2}], 2, id="rejected-twice"),
-    pytest.param([{"queue": "s:retry", "reason": "expired", "count": 2},
-                  {"queue": "s.e", "reason": "rejected", "count": 1}], 1, id="expiries-do-not-count"),
-    pytest.param([{"queue": "other.e", "reason": "rejected", "count": 5}], 0, id="other-queues-do-not-count"),
-])
+@pytest.mark.parametrize(
+    ("deaths", "expected"),
+    [
+        pytest.param([], 0, id="none"),
+        pytest.param([{"queue": "s.e", "reason": "rejected", "count": 2}], 2, id="rejected-twice"),
+        pytest.param(
+            [{"queue": "s:retry", "reason": "expired", "count": 2}, {"queue": "s.e", "reason": "rejected", "count": 1}],
+            1,
+            id="expiries-do-not-count",
+        ),
+        pytest.param([{"queue": "other.e", "reason": "rejected", "count": 5}], 0, id="other-queues-do-not-count"),
+    ],
+)
 def test_rejected_passes(deaths: list[dict[str, Any]], expected: int) -> None:
     request = SimpleNamespace(**{"x-death": deaths, "headers": {}})
     assert runtime.rejected_passes(request, "s.e") == expected
@@ -59,12 +68,12 @@ def test_settings_file_is_optional(tmp_path: pathlib.Path) -> None:
 
 
 def test_vhost_rewrite_keeps_credentials_and_failover() -> None:
-    assert runtime._with_vhost("amqp://u:p@h1/a;amqp://u:p@h2/a", "/shop") == \
-        "amqp://u:p@h1/%2Fshop;amqp://u:p@h2/%2Fshop"
+    assert with_vhost("amqp://u:p@h1/a;amqp://u:p@h2/a", "/shop") == "amqp://u:p@h1/%2Fshop;amqp://u:p@h2/%2Fshop"
 
 
-def test_events_app_needs_a_service_name_without_injection(monkeypatch: pytest.MonkeyPatch,
-                                                           tmp_path: pathlib.Path) -> None:
+def test_events_app_needs_a_service_name_without_injection(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
     monkeypatch.setenv(runtime.SETTINGS_ENV, str(tmp_path / "none.json"))
     with pytest.raises(ValueError, match="pass the service name"):
         runtime.events_app()

@@ -11,22 +11,30 @@ from celery_event_operator.scaling import policy
 
 
 def autoscaling(**changes: Any) -> Autoscaling:
-    base = {"enabled": True, "minReplicas": 1, "maxReplicas": 10, "messagesPerReplica": 100,
-            "scaleDownStabilizationSeconds": 60}
+    base = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 10,
+        "messagesPerReplica": 100,
+        "scaleDownStabilizationSeconds": 60,
+    }
     return Autoscaling.model_validate({**base, **changes})
 
 
-@pytest.mark.parametrize(("queue", "current", "changes", "expected"), [
-    pytest.param(500, 1, {}, 5, id="burst"),
-    pytest.param(501, 1, {}, 6, id="rounds-up"),
-    pytest.param(50_000, 1, {}, 10, id="capped-at-max"),
-    pytest.param(0, 3, {}, 1, id="floored-at-min"),
-    pytest.param(0, 3, {"minReplicas": 0}, 0, id="idle-to-zero"),
-    pytest.param(5, 0, {"minReplicas": 0, "activationQueueLength": 10}, 0, id="below-activation-stays-at-zero"),
-    pytest.param(11, 0, {"minReplicas": 0, "activationQueueLength": 10}, 1, id="above-activation-wakes"),
-    pytest.param(5, 2, {"minReplicas": 0, "activationQueueLength": 10}, 1, id="active-service-keeps-a-worker"),
-    pytest.param(1, 0, {"minReplicas": 0}, 1, id="one-message-wakes-without-threshold"),
-])
+@pytest.mark.parametrize(
+    ("queue", "current", "changes", "expected"),
+    [
+        pytest.param(500, 1, {}, 5, id="burst"),
+        pytest.param(501, 1, {}, 6, id="rounds-up"),
+        pytest.param(50_000, 1, {}, 10, id="capped-at-max"),
+        pytest.param(0, 3, {}, 1, id="floored-at-min"),
+        pytest.param(0, 3, {"minReplicas": 0}, 0, id="idle-to-zero"),
+        pytest.param(5, 0, {"minReplicas": 0, "activationQueueLength": 10}, 0, id="below-activation-stays-at-zero"),
+        pytest.param(11, 0, {"minReplicas": 0, "activationQueueLength": 10}, 1, id="above-activation-wakes"),
+        pytest.param(5, 2, {"minReplicas": 0, "activationQueueLength": 10}, 1, id="active-service-keeps-a-worker"),
+        pytest.param(1, 0, {"minReplicas": 0}, 1, id="one-message-wakes-without-threshold"),
+    ],
+)
 def test_recommend(queue: int, current: int, changes: dict[str, Any], expected: int) -> None:
     assert policy.recommend(queue, current, autoscaling(**changes)) == expected
 

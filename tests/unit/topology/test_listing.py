@@ -4,13 +4,25 @@ from celery_event_operator.api.models import parse_spec
 from celery_event_operator.topology import listing, plan
 from celery_event_operator.topology.apply import EntityState
 
-TOPOLOGY = plan.plan("s", parse_spec({"broker": {"secretRef": {"name": "r"}}, "events": {"handlers": [{"name": "e"}]},
-                                      "retry": {"maxRetries": 1}, "archive": {"enabled": False}}))
+TOPOLOGY = plan.plan(
+    "s",
+    parse_spec(
+        {
+            "broker": {"secretRef": {"name": "r"}},
+            "events": {"handlers": [{"name": "e"}]},
+            "retry": {"maxRetries": 1},
+            "archive": {"enabled": False},
+        }
+    ),
+)
 
 
 def test_rows_mark_missing_entities_and_show_depths() -> None:
-    states = [EntityState("exchange", "events", True), EntityState("exchange", "s:retry", False),
-              EntityState("queue", "s.e", True, 5, 2)]
+    states = [
+        EntityState("exchange", "events", True),
+        EntityState("exchange", "s:retry", False),
+        EntityState("queue", "s.e", True, 5, 2),
+    ]
     rows = {row["entity"] + "/" + row["kind"]: row for row in listing.rows(TOPOLOGY, states)}
     assert rows["events/exchange"]["state"] == "ok"
     assert rows["events/exchange"]["detail"] == "topic (shared)"

@@ -12,8 +12,13 @@ from celery_event_operator.topology.plan import Binding, Exchange, Queue
 
 
 def spec(**changes: Any) -> Any:
-    return parse_spec({"broker": {"secretRef": {"name": "rabbitmq"}},
-                       "events": {"handlers": [{"name": "orders.order.created"}]}, **changes})
+    return parse_spec(
+        {
+            "broker": {"secretRef": {"name": "rabbitmq"}},
+            "events": {"handlers": [{"name": "orders.order.created"}]},
+            **changes,
+        }
+    )
 
 
 def test_defaults_equal_celery_amqp_events() -> None:
@@ -29,8 +34,11 @@ def test_defaults_equal_celery_amqp_events() -> None:
         Queue("billing.orders.order.created", "events", {"x-dead-letter-exchange": "billing:retry"}),
         Queue("billing:retry", "retry", {"x-message-ttl": 1000, "x-dead-letter-exchange": "billing:recover"}),
         Queue("billing:retry.1", "retry", {"x-message-ttl": 2000, "x-dead-letter-exchange": "billing:recover"}),
-        Queue("billing:archived", "archive",
-              {"x-message-ttl": 604_800_000, "x-max-length": 10_000, "x-queue-mode": "lazy"}),
+        Queue(
+            "billing:archived",
+            "archive",
+            {"x-message-ttl": 604_800_000, "x-max-length": 10_000, "x-queue-mode": "lazy"},
+        ),
     )
     assert topology.bindings == (
         Binding("events", "billing.orders.order.created", "orders.order.created"),
@@ -60,11 +68,17 @@ def test_default_max_retries_is_ten_levels_up_to_512_seconds() -> None:
     assert retry_queues[-1].arguments["x-message-ttl"] == 512_000
 
 
-@pytest.mark.parametrize(("archive", "expected"), [
-    pytest.param({"enabled": False}, None, id="disabled"),
-    pytest.param({"messageTTLSeconds": 60, "maxLength": 5},
-                 {"x-message-ttl": 60_000, "x-max-length": 5, "x-queue-mode": "lazy"}, id="custom"),
-])
+@pytest.mark.parametrize(
+    ("archive", "expected"),
+    [
+        pytest.param({"enabled": False}, None, id="disabled"),
+        pytest.param(
+            {"messageTTLSeconds": 60, "maxLength": 5},
+            {"x-message-ttl": 60_000, "x-max-length": 5, "x-queue-mode": "lazy"},
+            id="custom",
+        ),
+    ],
+)
 def test_archive(archive: dict[str, Any], expected: dict[str, Any] | None) -> None:
     topology = plan.plan("s", spec(archive=archive))
     archives = [q for q in topology.queues if q.role == "archive"]
@@ -76,37 +90,75 @@ def test_custom_events_exchange_and_several_handlers() -> None:
     topology = plan.plan("s", spec(events={"exchange": "domain", "handlers": [{"name": "a.b"}, {"name": "c"}]}))
     assert topology.exchanges[0] == Exchange("domain", "topic", shared=True)
     assert [b for b in topology.bindings if b.exchange == "domain"] == [
-        Binding("domain", "s.a.b", "a.b"), Binding("domain", "s.c", "c")]
+        Binding("domain", "s.a.b", "a.b"),
+        Binding("domain", "s.c", "c"),
+    ]
     assert "domain" not in topology.entity_names, "the shared exchange is never the service's to delete"
 
 
-@pytest.mark.parametrize(("changes", "handler_arguments", "retry_arguments", "archive_arguments"), [
-    pytest.param(
-        {"deliveryLimit": 5},
-        {"x-dead-letter-exchange": "s:archived", "x-queue-type": "quorum",
-         "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish", "x-delivery-limit": 5},
-        {"x-message-ttl": 1000, "x-dead-letter-exchange": "s:recover", "x-queue-type": "quorum",
-         "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"},
-        {"x-message-ttl": 604_800_000, "x-max-length": 10_000, "x-queue-type": "quorum"},
-        id="quorum"),
-    pytest.param(
-        {},
-        {"x-dead-letter-exchange": "s:archived", "x-queue-type": "quorum",
-         "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
-         "x-delivery-limit": plan.DEFAULT_DELIVERY_LIMIT},
-        None, None, id="quorum-default-delivery-limit"),
-    pytest.param(
-        {"retry": {"maxRetries": 0}},
-        {"x-dead-letter-exchange": "s:archived", "x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once",
-         "x-overflow": "reject-publish", "x-delivery-limit": plan.DEFAULT_DELIVERY_LIMIT},
-        None, None, id="quorum-without-retries"),
-    pytest.param(
-        {"archive": {"enabled": False}},
-        {"x-queue-type": "quorum", "x-delivery-limit": plan.DEFAULT_DELIVERY_LIMIT},
-        None, None, id="quorum-without-archive-drops-what-exceeds-the-limit"),
-])
-def test_quorum(changes: dict[str, Any], handler_arguments: dict[str, Any], retry_arguments: dict[str, Any] | None,
-                archive_arguments: dict[str, Any] | None) -> None:
+@pytest.mark.parametrize(
+    ("changes", "handler_arguments", "retry_arguments", "archive_arguments"),
+    [
+        pytest.param(
+            {"deliveryLimit": 5},
+            {
+                "x-dead-letter-exchange": "s:archived",
+                "x-queue-type": "quorum",
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+                "x-delivery-limit": 5,
+            },
+            {
+                "x-message-ttl": 1000,
+                "x-dead-letter-exchange": "s:recover",
+                "x-queue-type": "quorum",
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+            },
+            {"x-message-ttl": 604_800_000, "x-max-length": 10_000, "x-queue-type": "quorum"},
+            id="quorum",
+        ),
+        pytest.param(
+            {},
+            {
+                "x-dead-letter-exchange": "s:archived",
+                "x-queue-type": "quorum",
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+                "x-delivery-limit": plan.DEFAULT_DELIVERY_LIMIT,
+            },
+            None,
+            None,
+            id="quorum-default-delivery-limit",
+        ),
+        pytest.param(
+            {"retry": {"maxRetries": 0}},
+            {
+                "x-dead-letter-exchange": "s:archived",
+                "x-queue-type": "quorum",
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+                "x-delivery-limit": plan.DEFAULT_DELIVERY_LIMIT,
+            },
+            None,
+            None,
+            id="quorum-without-retries",
+        ),
+        pytest.param(
+            {"archive": {"enabled": False}},
+            {"x-queue-type": "quorum", "x-delivery-limit": plan.DEFAULT_DELIVERY_LIMIT},
+            None,
+            None,
+            id="quorum-without-archive-drops-what-exceeds-the-limit",
+        ),
+    ],
+)
+def test_quorum(
+    changes: dict[str, Any],
+    handler_arguments: dict[str, Any],
+    retry_arguments: dict[str, Any] | None,
+    archive_arguments: dict[str, Any] | None,
+) -> None:
     topology = plan.plan("s", spec(queueType="quorum", **changes))
     by_role = {q.role: q.arguments for q in reversed(topology.queues)}  # first queue of each role
     assert by_role["events"] == handler_arguments

@@ -57,8 +57,16 @@ def _browse(channel: Any, queue: str) -> Iterator[tuple[Archived, amqp.Message]]
         if message is None:
             return
         properties = dict(message.properties)
-        yield (describe(position, _body(message), properties.get("application_headers") or {}, properties,
-                        message.delivery_info.get("routing_key", "")), message)
+        yield (
+            describe(
+                position,
+                _body(message),
+                properties.get("application_headers") or {},
+                properties,
+                message.delivery_info.get("routing_key", ""),
+            ),
+            message,
+        )
 
 
 def archive_size(connection: Connection, service: str) -> int:
@@ -91,8 +99,16 @@ def _replay_route(channel: Any, service: str) -> Callable[[str], tuple[str, str]
     return lambda event: (recover, event)
 
 
-def replay(connection: Connection, service: str, selection: Selection, *, limit: int | None = None,
-           dry_run: bool = False, rate: float | None = None, progress: Progress | None = None) -> Summary:
+def replay(
+    connection: Connection,
+    service: str,
+    selection: Selection,
+    *,
+    limit: int | None = None,
+    dry_run: bool = False,
+    rate: float | None = None,
+    progress: Progress | None = None,
+) -> Summary:
     summary = Summary(archived=archive_size(connection, service))
     route_channel = connection.channel()
     try:
@@ -118,8 +134,9 @@ def replay(connection: Connection, service: str, selection: Selection, *, limit:
             properties["application_headers"] = replay_headers(properties.get("application_headers") or {})
             exchange, key = route(item.event)
             returned.clear()
-            channel.basic_publish_confirm(amqp.Message(_body(message), **properties), exchange=exchange,
-                                          routing_key=key, mandatory=True)
+            channel.basic_publish_confirm(
+                amqp.Message(_body(message), **properties), exchange=exchange, routing_key=key, mandatory=True
+            )
             if returned:  # no queue took it (a handler no longer planned): it stays archived
                 summary.unroutable += 1
                 continue

@@ -8,81 +8,92 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator import reconcile
-from celery_event_operator.api.models import InvalidSpecError, parse_spec
-from celery_event_operator.injection import sync as injection
+from celery_event_operator import service_status
+from celery_event_operator.api.models import parse_spec
+from celery_event_operator.errors import InvalidSpecError
+from celery_event_operator.injection import workers as injection
 from celery_event_operator.topology import apply, plan
-from celery_event_operator.topology.sync import Outcome
+from celery_event_operator.topology.declaring import Outcome
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 LATER = NOW + datetime.timedelta(minutes=1)
-GOOD_SPEC = {"broker": {"secretRef": {"name": "rabbitmq"}}, "events": {"handlers": [{"name": "e"}]},
-             "retry": {"maxRetries": 1}}
+GOOD_SPEC = {
+    "broker": {"secretRef": {"name": "rabbitmq"}},
+    "events": {"handlers": [{"name": "e"}]},
+    "retry": {"maxRetries": 1},
+}
 TOPOLOGY = plan.plan("billing", parse_spec(GOOD_SPEC))
 
 
-def body(spec: dict[str, Any] | None = None, name: str = "billing", generation: int = 3,
-         status: dict[str, Any] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": name, "generation": generation, "annotations": annotations or {}},
-            "spec": GOOD_SPEC if spec is None else spec, "status": status or {}}
+def body(
+    spec: dict[str, Any] | None = None,
+    name: str = "billing",
+    generation: int = 3,
+    status: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "generation": generation, "annotations": annotations or {}},
+        "spec": GOOD_SPEC if spec is None else spec,
+        "status": status or {},
+    }
 
 
 def healthy_report(**changes: Any) -> apply.Report:
-    report = apply.Report(queues=[
-        apply.QueueState("billing.e", "events", 7, 2),
-        apply.QueueState("billing:retry", "retry", 3, 0),
-        apply.QueueState("billing:archived", "archive", 1, 0),
-    ])
+    report = apply.Report()
     for key, value in changes.items():
         setattr(report, key, value)
     return report
 
 
-def conditions_by_type(decision: reconcile.Decision) -> dict[str, dict[str, Any]]:
+def conditions_by_type(decision: service_status.Decision) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in decision.status_patch["conditions"]}
 
 
 def test_validate_uses_the_resource_name_as_default_service_name() -> None:
-    assert reconcile.validate(body()).service_name == "billing"
+    assert service_status.validate(body()).service_name == "billing"
     with pytest.raises(InvalidSpecError, match="serviceName"):
-        reconcile.validate(body(name="billing.v2"))
+        service_status.validate(body(name="billing.v2"))
 
 
 def test_invalid_spec_is_not_ready_and_warns_once() -> None:
     bad = body({**GOOD_SPEC, "retry": {"maxRetries": 99}})
     with pytest.raises(InvalidSpecError) as error:
-        reconcile.validate(bad)
-    first = reconcile.conclude_invalid(bad, error.value, NOW)
+        service_status.validate(bad)
+    first = service_status.conclude_invalid(bad, error.value, NOW)
     ready = conditions_by_type(first)["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
     assert "retry.maxRetries" in ready["message"]
     assert first.status_patch["observedGeneration"] == 3
     assert [(e.type, e.reason) for e in first.events] == [("Warning", "InvalidSpec")]
-    again = reconcile.conclude_invalid(body(bad["spec"], status=first.status_patch), error.value, LATER)
+    again = service_status.conclude_invalid(body(bad["spec"], status=first.status_patch), error.value, LATER)
     assert again.events == (), "the same failure seen again posts no second Event"
 
 
 def test_healthy_sync_is_ready_and_remembers_entities() -> None:
-    decision = reconcile.conclude(body(), Outcome(TOPOLOGY, "h:5672 vhost '/'", report=healthy_report()), NOW)
+    decision = service_status.conclude(body(), Outcome(TOPOLOGY, "h:5672 vhost '/'", report=healthy_report()), NOW)
     found = conditions_by_type(decision)
     assert [c["type"] for c in decision.status_patch["conditions"]] == ["Ready", "BrokerReachable", "TopologyReady"]
     assert (found["Ready"]["status"], found["Ready"]["reason"]) == ("True", "Reconciled")
     assert found["BrokerReachable"]["message"] == "connected to h:5672 vhost '/'"
     assert "queueLength" not in decision.status_patch, "the counters are the status daemon's (scaling/run.py)"
-    assert json.loads(decision.annotations[reconcile.DECLARED_ANNOTATION]) == sorted(TOPOLOGY.entity_names)
+    assert json.loads(decision.annotations[service_status.DECLARED_ANNOTATION]) == sorted(TOPOLOGY.entity_names)
     assert decision.events == (), "nothing failed or recovered"
 
 
 def test_unchanged_entities_are_not_rewritten() -> None:
-    annotations = {reconcile.DECLARED_ANNOTATION: json.dumps(sorted(TOPOLOGY.entity_names))}
-    decision = reconcile.conclude(body(annotations=annotations), Outcome(TOPOLOGY, "h", report=healthy_report()), NOW)
+    annotations = {service_status.DECLARED_ANNOTATION: json.dumps(sorted(TOPOLOGY.entity_names))}
+    decision = service_status.conclude(
+        body(annotations=annotations), Outcome(TOPOLOGY, "h", report=healthy_report()), NOW
+    )
     assert decision.annotations == {}
 
 
 def test_outage_keeps_counters_and_announces_failure_then_recovery() -> None:
-    healthy = reconcile.conclude(body(), Outcome(TOPOLOGY, "h", report=healthy_report()), NOW)
-    down = reconcile.conclude(body(status=healthy.status_patch),
-                              Outcome(TOPOLOGY, "h", "BrokerUnreachable", "cannot reach the broker"), LATER)
+    healthy = service_status.conclude(body(), Outcome(TOPOLOGY, "h", report=healthy_report()), NOW)
+    down = service_status.conclude(
+        body(status=healthy.status_patch), Outcome(TOPOLOGY, "h", "BrokerUnreachable", "cannot reach the broker"), LATER
+    )
     found = conditions_by_type(down)
     assert (found["BrokerReachable"]["status"], found["BrokerReachable"]["reason"]) == ("False", "BrokerUnreachable")
     assert found["TopologyReady"]["status"] == "Unknown"
@@ -90,18 +101,20 @@ def test_outage_keeps_counters_and_announces_failure_then_recovery() -> None:
     assert "queueLength" not in down.status_patch, "no numbers from missing data"
     assert [(e.type, e.reason) for e in down.events] == [("Warning", "BrokerUnreachable")]
 
-    still_down = reconcile.conclude(body(status=down.status_patch),
-                                    Outcome(TOPOLOGY, "h", "BrokerUnreachable", "cannot reach the broker"), LATER)
+    still_down = service_status.conclude(
+        body(status=down.status_patch), Outcome(TOPOLOGY, "h", "BrokerUnreachable", "cannot reach the broker"), LATER
+    )
     assert still_down.events == ()
-    back = reconcile.conclude(body(status=still_down.status_patch), Outcome(TOPOLOGY, "h", report=healthy_report()),
-                              LATER)
+    back = service_status.conclude(
+        body(status=still_down.status_patch), Outcome(TOPOLOGY, "h", report=healthy_report()), LATER
+    )
     assert [(e.type, e.reason) for e in back.events] == [("Normal", "Connected")], "one recovery Event"
     assert conditions_by_type(back)["BrokerReachable"]["lastTransitionTime"] == "2026-01-01T00:01:00Z"
 
 
 def test_argument_mismatch_is_named_in_topology_ready() -> None:
     problem = apply.Problem("billing:archived", "queue 'billing:archived' was declared with another x-max-length")
-    decision = reconcile.conclude(body(), Outcome(TOPOLOGY, "h", report=healthy_report(problems=[problem])), NOW)
+    decision = service_status.conclude(body(), Outcome(TOPOLOGY, "h", report=healthy_report(problems=[problem])), NOW)
     found = conditions_by_type(decision)
     assert (found["TopologyReady"]["status"], found["TopologyReady"]["reason"]) == ("False", "ArgumentMismatch")
     assert "x-max-length" in found["TopologyReady"]["message"]
@@ -110,7 +123,7 @@ def test_argument_mismatch_is_named_in_topology_ready() -> None:
 
 
 def test_refused_operation_is_a_topology_failure_on_a_reachable_broker() -> None:
-    decision = reconcile.conclude(body(), Outcome(TOPOLOGY, "h", "BrokerRefused", "access refused"), NOW)
+    decision = service_status.conclude(body(), Outcome(TOPOLOGY, "h", "BrokerRefused", "access refused"), NOW)
     found = conditions_by_type(decision)
     assert found["BrokerReachable"]["status"] == "True"
     assert (found["TopologyReady"]["status"], found["TopologyReady"]["reason"]) == ("False", "BrokerRefused")
@@ -118,42 +131,62 @@ def test_refused_operation_is_a_topology_failure_on_a_reachable_broker() -> None
 
 def test_kept_and_removed_entities_are_told() -> None:
     report = healthy_report(removed=["billing:retry.1"], kept=[apply.QueueState("billing.old", None, 4, 0)])
-    previous = {reconcile.DECLARED_ANNOTATION: json.dumps([*TOPOLOGY.entity_names, "billing:retry.1", "billing.old"])}
-    decision = reconcile.conclude(body(annotations=previous), Outcome(TOPOLOGY, "h", report=report), NOW)
+    previous = {
+        service_status.DECLARED_ANNOTATION: json.dumps([*TOPOLOGY.entity_names, "billing:retry.1", "billing.old"])
+    }
+    decision = service_status.conclude(body(annotations=previous), Outcome(TOPOLOGY, "h", report=report), NOW)
     assert "billing.old (4 messages)" in conditions_by_type(decision)["TopologyReady"]["message"]
     assert [e.reason for e in decision.events] == ["Removed"]
-    remembered = json.loads(decision.annotations[reconcile.DECLARED_ANNOTATION])
+    remembered = json.loads(decision.annotations[service_status.DECLARED_ANNOTATION])
     assert "billing.old" in remembered
     assert "billing:retry.1" not in remembered
 
 
 @pytest.mark.parametrize("raw", ["", "not json", '{"a": 1}', '[1, "x"]'])
 def test_declared_entities_survive_garbage(raw: str) -> None:
-    found = reconcile.declared_entities(body(annotations={reconcile.DECLARED_ANNOTATION: raw}))
+    found = service_status.declared_entities(body(annotations={service_status.DECLARED_ANNOTATION: raw}))
     assert found <= {"x"}
 
 
 def test_deletion_events() -> None:
     report = apply.Report(removed=["billing.e"], kept=[apply.QueueState("billing:archived", None, 2, 0)])
-    notes = reconcile.conclude_deletion(Outcome(TOPOLOGY, "h", report=report))
+    notes = service_status.conclude_deletion(Outcome(TOPOLOGY, "h", report=report))
     assert [(n.type, n.reason) for n in notes] == [("Normal", "Removed"), ("Warning", "KeptNonEmpty")]
     assert "billing:archived (2 messages)" in notes[1].message
-    unreachable = reconcile.conclude_deletion(Outcome(TOPOLOGY, "h", "BrokerUnreachable", "down"))
+    unreachable = service_status.conclude_deletion(Outcome(TOPOLOGY, "h", "BrokerUnreachable", "down"))
     assert [(n.type, n.reason) for n in unreachable] == [("Warning", "BrokerUnreachable")]
 
 
-@pytest.mark.parametrize(("workers", "status", "reason", "events"), [
-    pytest.param(injection.Outcome("h1", pods=2, pods_current=2), "True", "SettingsCurrent", [], id="current"),
-    pytest.param(injection.Outcome("h1"), "True", "SettingsCurrent", [], id="no-pods-yet"),
-    pytest.param(injection.Outcome("h1", stamped="Deployment/w", pods=2, pods_current=0), "False", "RolloutPending",
-                 ["RolloutStarted"], id="rolling"),
-    pytest.param(injection.Outcome("h1", target_error="Deployment default/w does not exist"), "False",
-                 "ScaleTargetNotFound", ["ScaleTargetNotFound"], id="missing-target"),
-    pytest.param(injection.Outcome("h1", configmap_error="cannot write ConfigMap"), "False", "ConfigMapFailed",
-                 ["ConfigMapFailed"], id="configmap-failed"),
-])
+@pytest.mark.parametrize(
+    ("workers", "status", "reason", "events"),
+    [
+        pytest.param(injection.Outcome("h1", pods=2, pods_current=2), "True", "SettingsCurrent", [], id="current"),
+        pytest.param(injection.Outcome("h1"), "True", "SettingsCurrent", [], id="no-pods-yet"),
+        pytest.param(
+            injection.Outcome("h1", stamped="Deployment/w", pods=2, pods_current=0),
+            "False",
+            "RolloutPending",
+            ["RolloutStarted"],
+            id="rolling",
+        ),
+        pytest.param(
+            injection.Outcome("h1", target_error="Deployment default/w does not exist"),
+            "False",
+            "ScaleTargetNotFound",
+            ["ScaleTargetNotFound"],
+            id="missing-target",
+        ),
+        pytest.param(
+            injection.Outcome("h1", configmap_error="cannot write ConfigMap"),
+            "False",
+            "ConfigMapFailed",
+            ["ConfigMapFailed"],
+            id="configmap-failed",
+        ),
+    ],
+)
 def test_workers_configured(workers: injection.Outcome, status: str, reason: str, events: list[str]) -> None:
-    decision = reconcile.conclude(body(), Outcome(TOPOLOGY, "h", report=healthy_report()), NOW, workers)
+    decision = service_status.conclude(body(), Outcome(TOPOLOGY, "h", report=healthy_report()), NOW, workers)
     found = conditions_by_type(decision)
     assert (found["WorkersConfigured"]["status"], found["WorkersConfigured"]["reason"]) == (status, reason)
     assert [e.reason for e in decision.events] == events

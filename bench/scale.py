@@ -1,0 +1,284 @@
+"""Benchmark: N services applied at once to the real operator process (prints figures, asserts nothing).
+
+    .venv/bin/python bench/scale.py [--services 1000] [--ingest-services 100] [--idle-seconds 60]
+
+Each service has 1 handler, maxRetries 3, monitoring and autoscaling on, and a Deployment as its scale
+target. The emulated Kubernetes API runs in this process, the operator in its own (its CPU, RSS and
+threads are its own), RabbitMQ at $AMQP_URL in a vhost of the bench's (removed afterwards; the management
+API is needed). Printed, in order:
+
+- seconds until every service is Ready;
+- status age relative to each service's interval, max and p99 (from the operator's
+  celery_event_operator_status_pass_timestamp_seconds), and services with a connected events consumer
+  (their MonitoringReady condition);
+- the operator's AMQP connections and channels (every one of its connections, consumers included);
+- its threads and RSS; its CPU while idle (no events, no changes) over --idle-seconds; the Kubernetes
+  API writes per minute over the same time;
+- events/s ingested while a generator publishes to --ingest-services services at once, beside the
+  figure for one service in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import pathlib
+import re
+import signal
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from kombu.connection import Connection
+from tests.support import rabbitmq
+from tests.support.kube import EmulatedApi
+from tests.support.operator_process import OperatorProcess
+
+from celery_event_operator import naming
+from celery_event_operator.api import crd
+from celery_event_operator.monitoring import frames
+
+CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+INTERVAL = 15  # statusIntervalSeconds: the default
+BASIC_PUBLISH = (60, 40)
+
+
+def name(index: int) -> str:
+    return f"svc-{index:04d}"
+
+
+def service(index: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "celeryevents.io/v1alpha1",
+        "kind": "CeleryEventService",
+        "metadata": {"name": name(index)},
+        "spec": {
+            "broker": {"secretRef": {"name": "rabbitmq"}},
+            "retry": {"maxRetries": 3},
+            "events": {"handlers": [{"name": f"domain.thing{index}.happened"}]},
+            "statusIntervalSeconds": INTERVAL,
+            "workers": {"scaleTargetRef": {"kind": "Deployment", "name": f"{name(index)}-worker"}},
+            "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 10},
+            "monitoring": {"enabled": True},
+        },
+    }
+
+
+def deployment(index: int) -> dict[str, Any]:
+    labels = {"app": name(index), "celeryevents.io/service": name(index)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{name(index)}-worker"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name(index)}},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "w", "image": "w"}]}},
+        },
+    }
+
+
+def conditions_true(api: EmulatedApi, kind: str) -> int:
+    return sum(
+        1
+        for item in api.client.get(CES)["items"]
+        for c in (item.get("status") or {}).get("conditions", [])
+        if c["type"] == kind and c["status"] == "True"
+    )
+
+
+def api_revision(api: EmulatedApi) -> int:
+    """The emulated API's resourceVersion: it moves with every write that changes an object (Events included)."""
+    return int(api.client.get("/api/v1/namespaces/default/events")["metadata"]["resourceVersion"])
+
+
+def process_figures(pid: int) -> tuple[int, float, float]:
+    """(threads, RSS MB, CPU seconds) of a process, from /proc."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+    rss = int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return threads, rss, cpu
+
+
+def scraped(operator: OperatorProcess, metric: str) -> dict[str, float]:
+    """metric{…name or service_name="x"…} value → {x: value}."""
+    found: dict[str, float] = {}
+    for line in operator.scrape().splitlines():
+        if line.startswith(metric + "{"):
+            labels, value = line[len(metric) + 1 :].rsplit("} ", 1)
+            key = re.search(r'(?:service_name|name)="([^"]*)"', labels)
+            if key:
+                found[key.group(1)] = found.get(key.group(1), 0.0) + float(value)
+    return found
+
+
+def operator_connections(management: rabbitmq.Management, vhost: str) -> list[dict[str, Any]]:
+    return [
+        c
+        for c in management.request("GET", "/connections")
+        if c.get("vhost") == vhost
+        and str((c.get("client_properties") or {}).get("connection_name", "")).startswith("celery-event-operator")
+    ]
+
+
+def publish_frames(channel: int, exchange: str, body: bytes) -> bytes:
+    method = frames.method_frame(channel, BASIC_PUBLISH, "Bssbb", (0, exchange, "task.x", False, False))
+    header_payload = struct.pack(">HHQH", 60, 0, len(body), 0x8000) + bytes([len("application/json")])
+    header_payload += b"application/json"
+    header = struct.pack(">BHI", frames.HEADER, channel, len(header_payload)) + header_payload + b"\xce"
+    return method + header + struct.pack(">BHI", frames.BODY, channel, len(body)) + body + b"\xce"
+
+
+def generate(url: str, services: list[str], per_service: int, ready: Any) -> None:
+    """Pre-framed publishes to the services' event exchanges, interleaved, written in large chunks."""
+    with Connection(url) as connection:
+        client = connection.connection
+        channel = client.channel()
+        framed = []
+        for number in range(per_service):
+            for service_name in services:
+                body = json.dumps(
+                    {
+                        "type": "worker-heartbeat",
+                        "hostname": f"celery@{service_name}-w",
+                        "active": number % 3,
+                        "timestamp": 1.0,
+                    }
+                ).encode()
+                framed.append(publish_frames(channel.channel_id, naming.event_exchange_name(service_name), body))
+        chunks = [b"".join(framed[i : i + 500]) for i in range(0, len(framed), 500)]
+        ready.wait()
+        for chunk in chunks:
+            client.transport.write(chunk)
+
+
+def ingest(operator: OperatorProcess, url: str, services: list[str], total: int) -> tuple[float, float]:
+    """Events/s the operator consumed while a generator published `total` events spread over `services`, and
+    the operator's CPU µs per event meanwhile."""
+    assert operator.process is not None
+    before = scraped(operator, "celery_event_operator_events_consumed_total")
+    base = sum(before.get(s, 0.0) for s in services)
+    ready = multiprocessing.Event()
+    generator = multiprocessing.Process(target=generate, args=(url, services, total // len(services), ready))
+    generator.start()
+    time.sleep(min(10.0, 2 + total / 20_000))  # the generator frames its stream before the clock starts
+    _, _, cpu0 = process_figures(operator.process.pid)
+    started = last_change = time.perf_counter()
+    ready.set()
+    done = 0.0
+    while done < total and time.perf_counter() - last_change < 5:
+        time.sleep(1)  # a scrape of a thousand services costs the operator too: not more often
+        consumed = scraped(operator, "celery_event_operator_events_consumed_total")
+        now_done = sum(consumed.get(s, 0.0) for s in services) - base
+        if now_done != done:
+            done, last_change = now_done, time.perf_counter()
+    _, _, cpu1 = process_figures(operator.process.pid)
+    generator.join()
+    return done / (last_change - started), (cpu1 - cpu0) / max(done, 1) * 1e6
+
+
+def report_steady_state(
+    api: EmulatedApi,
+    operator: OperatorProcess,
+    management: rabbitmq.Management,
+    vhost: str,
+    args: argparse.Namespace,
+) -> None:
+    time.sleep(2 * INTERVAL)  # every status refreshed at least once
+    stamps = scraped(operator, "celery_event_operator_status_pass_timestamp_seconds")
+    now = time.time()
+    ages = sorted((now - stamps.get(name(i), 0.0)) / INTERVAL for i in range(args.services))
+    p99 = ages[min(len(ages) - 1, int(len(ages) * 0.99))]
+    print(f"status age / interval: max {ages[-1]:.2f}, p99 {p99:.2f}, median {statistics.median(ages):.2f}")
+    print(f"consumers connected:  {conditions_true(api, 'MonitoringReady')}/{args.services}")
+    connections = operator_connections(management, vhost)
+    channels = sum(c.get("channels", 0) for c in connections)
+    print(f"AMQP connections:     {len(connections)}, channels {channels}")
+    assert operator.process is not None
+    threads, rss, cpu0 = process_figures(operator.process.pid)
+    revision0, at0 = api_revision(api), time.monotonic()
+    time.sleep(args.idle_seconds)
+    _, rss, cpu1 = process_figures(operator.process.pid)
+    minutes = (time.monotonic() - at0) / 60
+    print(f"threads:              {threads}")
+    print(f"RSS:                  {rss:.0f} MB")
+    print(
+        f"idle CPU:             {100 * (cpu1 - cpu0) / (minutes * 60):.1f} % of one core over {args.idle_seconds:.0f}s"
+    )
+    print(f"API writes at rest:   {(api_revision(api) - revision0) / minutes:.1f} per minute")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--ingest-services", type=int, default=100)
+    parser.add_argument("--ingest-events", type=int, default=100_000)
+    parser.add_argument("--idle-seconds", type=float, default=60)
+    parser.add_argument("--resync-seconds", type=float, default=30)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped from outside: still remove the vhost
+
+    amqp_url = os.environ.get("AMQP_URL", rabbitmq.DEFAULT_AMQP_URL)
+    management = rabbitmq.Management(amqp_url, os.environ.get("RABBITMQ_MANAGEMENT_URL"))
+    vhost = rabbitmq.create_vhost(management, prefix="ceo-bench")
+    url = rabbitmq.url_with_vhost(amqp_url, vhost)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
+    print(
+        f"{args.services} services (1 handler, maxRetries 3, monitoring and autoscaling on, a Deployment each);"
+        f" operator log: {workdir / 'operator.log'}"
+    )
+    try:
+        with EmulatedApi(workdir / "kubeconfig") as api:
+            api.client.create(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition()
+            )
+            api.client.create(
+                "/api/v1/namespaces/default/secrets", {"metadata": {"name": "rabbitmq"}, "stringData": {"url": url}}
+            )
+            for index in range(args.services):
+                api.client.create(DEPLOYMENTS, deployment(index))
+            operator = OperatorProcess(
+                api.kubeconfig, workdir / "operator.log", resync_seconds=args.resync_seconds, verbose=False
+            ).start()
+            try:
+                started = time.monotonic()
+                for index in range(args.services):
+                    api.client.create(CES, service(index))
+                print(f"created in {time.monotonic() - started:.1f}s")
+                while (ready := conditions_true(api, "Ready")) < args.services:
+                    if time.monotonic() - started > args.timeout:
+                        print(f"timeout: {ready}/{args.services} Ready after {args.timeout:.0f}s")
+                        return 1
+                    time.sleep(1)
+                print(f"all Ready:            {time.monotonic() - started:.1f}s")
+
+                report_steady_state(api, operator, management, vhost, args)
+                single, single_cpu = ingest(operator, url, [name(0)], args.ingest_events)
+                many, many_cpu = ingest(
+                    operator, url, [name(i) for i in range(args.ingest_services)], args.ingest_events
+                )
+                print(f"ingest, 1 service:    {single:,.0f} events/s, operator CPU {single_cpu:.1f} µs/event")
+                print(
+                    f"ingest, {args.ingest_services} services: {many:,.0f} events/s "
+                    f"({100 * many / single:.0f} % of one service's), operator CPU {many_cpu:.1f} µs/event"
+                )
+            finally:
+                operator.stop()
+    finally:
+        rabbitmq.delete_vhost(management, vhost)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""A service's broker settings, from the Secret its spec names.
+
+The Secret holds the broker URL under `spec.broker.secretRef.key` and, optionally, `managementURL` (the
+management API, when it is not at the URL derived from the broker's host), `ca.crt`, `tls.crt` and
+`tls.key` (TLS). Whoever may create a CeleryEventService in a namespace makes the operator read a Secret
+there on their behalf: what it reads is used only to talk to the broker the Secret names, and nothing of
+it is ever shown (errors name the Secret and the key, never a value).
+
+`settings_from_secret` is pure; `SecretReader` reads through the Kubernetes API with a short cache, so
+that a thousand services sharing one Secret cost one read, and a rotated Secret is seen within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import time
+from collections.abc import Mapping
+
+from celery_event_operator.api.models import CeleryEventServiceSpec
+from celery_event_operator.broker import address as broker_addresses
+from celery_event_operator.broker.tls import CA_KEY, CERT_KEY, PRIVATE_KEY_KEY, TlsMaterial
+from celery_event_operator.errors import BrokerSecretError, OperatorError
+from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
+
+MANAGEMENT_URL_KEY = "managementURL"
+CACHE_SECONDS = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerSettings:
+    """Everything needed to talk to one broker as one user; `key` identifies it without showing it."""
+
+    address: broker_addresses.BrokerAddress
+    tls: TlsMaterial
+    management_url: str
+
+    @property
+    def key(self) -> str:
+        material = "\n".join((self.address.key, repr(self.tls.fingerprint), self.management_url))
+        return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+def settings_from_secret(
+    data: Mapping[str, str], *, namespace: str, secret: str, spec: CeleryEventServiceSpec
+) -> BrokerSettings:
+    """The settings a Secret's data gives a service; BrokerSecretError / ManagementURLRejectedError otherwise."""
+    key = spec.broker.secret_ref.key
+    where = f"Secret {namespace}/{secret}"
+    if key not in data:
+        raise BrokerSecretError(f"{where} has no key {key!r} (or its value is not UTF-8 text)")
+    try:
+        address = broker_addresses.parse(
+            data[key], failover_strategy=spec.broker.failover_strategy, vhost_override=spec.broker.vhost
+        )
+    except BrokerSecretError as exc:
+        raise BrokerSecretError(f"{where} key {key!r}: {exc}") from None
+    explicit, source = (
+        (data[MANAGEMENT_URL_KEY], f"{where} key {MANAGEMENT_URL_KEY!r}")
+        if data.get(MANAGEMENT_URL_KEY)
+        else (spec.broker.management_url, "spec.broker.managementURL")
+    )
+    try:
+        management_url = address.management_url(explicit)
+    except broker_addresses.ManagementURLRejectedError as exc:
+        raise broker_addresses.ManagementURLRejectedError(f"{source}: {exc}") from None
+    tls = TlsMaterial(ca=data.get(CA_KEY), cert=data.get(CERT_KEY), key=data.get(PRIVATE_KEY_KEY))
+    if (tls.cert is None) != (tls.key is None):
+        raise BrokerSecretError(f"{where} has {CERT_KEY} or {PRIVATE_KEY_KEY} without the other")
+    return BrokerSettings(address, tls, management_url)
+
+
+def read_settings(kube: KubeApi, namespace: str, spec: CeleryEventServiceSpec) -> BrokerSettings:
+    """For the command line: one read, no cache."""
+    name = spec.broker.secret_ref.name
+    return settings_from_secret(kube.read_secret_data(namespace, name), namespace=namespace, secret=name, spec=spec)
+
+
+class SecretReader:
+    """Secrets' data for a few seconds, shared by the services that name the same Secret."""
+
+    def __init__(self, kube: AsyncKubeApi, cache_seconds: float = CACHE_SECONDS) -> None:
+        self._kube = kube
+        self._cache_seconds = cache_seconds
+        self._read: dict[tuple[str, str], tuple[float, dict[str, str] | OperatorError]] = {}
+        self._reading: dict[tuple[str, str], asyncio.Future[None]] = {}
+
+    async def settings(self, namespace: str, spec: CeleryEventServiceSpec) -> BrokerSettings:
+        name = spec.broker.secret_ref.name
+        data = await self._data(namespace, name)
+        return settings_from_secret(data, namespace=namespace, secret=name, spec=spec)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Read it again next time (a login was refused: the Secret may have been rotated)."""
+        self._read.pop((namespace, name), None)
+
+    async def _data(self, namespace: str, name: str) -> dict[str, str]:
+        key = (namespace, name)
+        cached = self._read.get(key)
+        if cached is None or time.monotonic() - cached[0] > self._cache_seconds:
+            reading = self._reading.get(key)
+            if reading is None:
+                reading = self._reading[key] = asyncio.ensure_future(self._fetch(key))
+                reading.add_done_callback(lambda _: self._reading.pop(key, None))
+            await asyncio.shield(reading)
+            cached = self._read[key]
+        result = cached[1]
+        if isinstance(result, OperatorError):
+            raise result
+        return result
+
+    async def _fetch(self, key: tuple[str, str]) -> None:
+        try:
+            result: dict[str, str] | OperatorError = await self._kube.call(self._kube.api.read_secret_data, *key)
+        except OperatorError as exc:
+            result = exc
+        self._read[key] = (time.monotonic(), result)

@@ -1,0 +1,45 @@
+"""The errors whose message may be shown to people: in status, Events, logs and the command line (pure).
+
+Every such error derives from `OperatorError`, whose message is written to be shown: it names objects
+(a Secret, a queue, a host) and never carries a credential or the content of a Secret. Causes are
+chained (`raise ... from exc`) only where the cause is as safe to show; a library's exception that
+may echo a URL or a password is summarised through `broker.address.redact` and not chained.
+"""
+
+from __future__ import annotations
+
+
+class OperatorError(Exception):
+    """An error whose message is safe to show to the resource's users."""
+
+
+class InvalidSpecError(OperatorError, ValueError):
+    """The resource's spec cannot be acted on (status reason `InvalidSpec`)."""
+
+
+class BrokerSecretError(OperatorError):
+    """The broker Secret is missing, unreadable or holds no usable URL (status reason `BrokerSecretInvalid`)."""
+
+
+class BrokerUnavailableError(OperatorError):
+    """The broker cannot be reached or refused the login (status reason `BrokerUnreachable`)."""
+
+
+class BrokerRefusedError(OperatorError):
+    """Connected, but the broker refused an operation, e.g. a missing permission (`BrokerRefused`)."""
+
+
+class UnsupportedOperationError(OperatorError):
+    """The broker does not support what was asked of it, e.g. `if-empty` on a quorum queue."""
+
+
+class ManagementUnavailableError(OperatorError):
+    """The RabbitMQ management API did not answer (counts fall back to ready messages only)."""
+
+
+class KubeError(OperatorError):
+    """A Kubernetes API call failed; the message names the object, never its data."""
+
+
+class NotFoundError(KubeError):
+    """The object asked for does not exist."""

@@ -1,0 +1,79 @@
+"""Start-up and shutdown: how kopf behaves for this operator, the shared clients, the /metrics server."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import tempfile
+from typing import Any
+
+import kopf
+import prometheus_client
+
+from celery_event_operator import certs
+from celery_event_operator.api.models import GROUP
+from celery_event_operator.broker.brokers import Brokers
+from celery_event_operator.broker.secret import SecretReader
+from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
+from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
+from celery_event_operator.options import OperatorOptions, WebhookOptions
+from celery_event_operator.service_keeper import Context
+
+# kopf keeps its progress and diff-base in annotations under our group, so `status` holds only
+# the fields of our schema (a strict status schema would prune kopf's own fields anyway).
+ANNOTATION_PREFIX = GROUP
+FINALIZER = f"{GROUP}/finalizer"
+
+
+@kopf.on.startup()
+async def connect(memo: kopf.Memo, **_: Any) -> None:
+    # Shared by every resource's keeper (kopf copies the memo per object, not the objects in it).
+    options: OperatorOptions = memo.options
+    kube = AsyncKubeApi(KubeApi.from_environment())
+    memo.context = Context(
+        options=options, kube=kube, secrets=SecretReader(kube), brokers=Brokers(), metrics=MetricsRegistry()
+    )
+    if options.metrics_port:
+        registry = prometheus_client.CollectorRegistry()
+        registry.register(EventsCollector(memo.context.metrics))
+        prometheus_client.start_http_server(options.metrics_port, addr=options.metrics_addr, registry=registry)
+
+
+@kopf.on.cleanup()
+async def disconnect(memo: kopf.Memo, **_: Any) -> None:
+    context: Context = memo.context
+    await context.brokers.close_all()
+    context.kube.close()
+
+
+def webhook_server(options: WebhookOptions) -> kopf.WebhookServer:
+    certfile, keyfile = options.cert_file, options.key_file
+    if not certfile or not keyfile:
+        directory = pathlib.Path(tempfile.mkdtemp(prefix="celery-event-operator-webhook-"))
+        certfile, keyfile = (
+            str(path) for path in certs.self_signed(directory, [options.host, "localhost", "127.0.0.1"])
+        )
+    return kopf.WebhookServer(
+        addr=options.addr, port=options.port, host=options.host, certfile=certfile, pkeyfile=keyfile
+    )
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = FINALIZER
+    # Our own Events say what went wrong; kopf's per-handler chatter stays in the log.
+    settings.posting.level = logging.WARNING
+    # Namespaces are given explicitly (no globs), so kopf need not list them.
+    settings.scanning.disabled = True
+    # A watch that hangs silently (a dead connection) is replaced within a minute.
+    settings.watching.server_timeout = 50
+    settings.watching.client_timeout = 60
+    settings.watching.connect_timeout = 10
+    options: OperatorOptions = memo.options
+    if options.webhook is not None:
+        # The webhook configuration is the chart's (failurePolicy Ignore, short timeout); kopf serves.
+        settings.admission.server = webhook_server(options.webhook)

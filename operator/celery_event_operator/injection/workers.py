@@ -1,0 +1,96 @@
+"""Keep a service's workers configured: its settings ConfigMap, the rollout stamp, the pod count (I/O)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from celery_event_operator.api.models import CeleryEventServiceSpec
+from celery_event_operator.errors import KubeError
+from celery_event_operator.injection import settings as rendering
+from celery_event_operator.kubeapi import AsyncKubeApi
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    config_hash: str
+    configmap_error: str | None = None
+    target_error: str | None = None
+    stamped: str | None = None  # "Deployment/name" when the rollout stamp was just set
+    pods: int = 0
+    pods_current: int = 0
+
+
+def configmap_body(name: str, owner: dict[str, Any], service: str, data: dict[str, str]) -> dict[str, Any]:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "labels": {rendering.SERVICE_LABEL: service, "app.kubernetes.io/managed-by": "celery-event-operator"},
+            # Owned by the resource: deleting the service deletes its settings.
+            "ownerReferences": [
+                {
+                    "apiVersion": owner["apiVersion"],
+                    "kind": owner["kind"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "data": data,
+    }
+
+
+async def sync(
+    kube: AsyncKubeApi,
+    *,
+    owner: dict[str, Any],
+    service: str,
+    spec: CeleryEventServiceSpec,
+    pod_hashes: Iterable[str | None],
+) -> Outcome:
+    """The settings ConfigMap and the rollout stamp made current; `pod_hashes`: the settings hash each live pod
+    of the service carries (from the operator's index of pods: no listing)."""
+    namespace = owner["metadata"]["namespace"]
+    settings = rendering.render(service, spec)
+    config_hash = rendering.config_hash(settings)
+    data = rendering.configmap_data(settings)
+    name = rendering.configmap_name(service)
+    try:
+        current = await kube.call(kube.api.read_configmap_data, namespace, name)
+        if current != data:
+            body = configmap_body(name, owner, service, data)
+            await kube.call(kube.api.write_configmap, namespace, body, exists=current is not None)
+    except KubeError as exc:
+        return Outcome(config_hash, configmap_error=str(exc))
+
+    target_error = stamped = None
+    if spec.workers is not None and spec.workers.rollout_on_change:
+        target = spec.workers.scale_target_ref
+        try:
+            annotations = await kube.call(kube.api.read_template_annotations, namespace, target.kind, target.name)
+            if annotations is None:
+                target_error = f"{target.kind} {namespace}/{target.name} (workers.scaleTargetRef) does not exist"
+            elif annotations.get(rendering.HASH_ANNOTATION) != config_hash:
+                await kube.call(
+                    kube.api.annotate_template,
+                    namespace,
+                    target.kind,
+                    target.name,
+                    {rendering.HASH_ANNOTATION: config_hash},
+                )
+                stamped = f"{target.kind}/{target.name}"
+        except KubeError as exc:
+            target_error = str(exc)
+    return dataclasses.replace(count_pods(config_hash, pod_hashes), target_error=target_error, stamped=stamped)
+
+
+def count_pods(config_hash: str, pod_hashes: Iterable[str | None]) -> Outcome:
+    """How many of the service's pods run with the current settings (pure)."""
+    hashes = list(pod_hashes)
+    return Outcome(config_hash, pods=len(hashes), pods_current=sum(1 for found in hashes if found == config_hash))

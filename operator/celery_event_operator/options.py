@@ -1,0 +1,47 @@
+"""The operator's options: built once from the command line, handed to the handlers in kopf's memo (pure).
+
+Handlers read `memo.options`; nothing travels through environment variables between our own modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+DEFAULT_RESYNC_SECONDS = 30.0
+DEFAULT_METRICS_PORT = 9808
+DEFAULT_WEBHOOK_PORT = 9443
+
+
+@dataclasses.dataclass(frozen=True)
+class WebhookOptions:
+    """Where the admission webhook listens, and its TLS files (self-signed for `host` when absent)."""
+
+    port: int = DEFAULT_WEBHOOK_PORT
+    addr: str = "0.0.0.0"
+    host: str = "localhost"
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorOptions:
+    resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    metrics_port: int = DEFAULT_METRICS_PORT  # 0: no /metrics server
+    metrics_addr: str = "0.0.0.0"
+    webhook: WebhookOptions | None = dataclasses.field(default_factory=WebhookOptions)  # None: no webhook
+    namespaces: tuple[str, ...] = ()  # empty: cluster-wide
+    shard_index: int = 0
+    shard_count: int = 1  # >1: this operator keeps only the services that hash to its shard
+
+    def owns(self, namespace: str | None, name: str | None) -> bool:
+        """Whether this operator's shard keeps the resource (every replica still indexes all of them)."""
+        return shard_of(namespace or "", name or "", self.shard_count) == self.shard_index
+
+
+def shard_of(namespace: str, name: str, shard_count: int) -> int:
+    """A stable shard for namespace/name: the same on every replica and across restarts (not Python's hash)."""
+    if shard_count <= 1:
+        return 0
+    digest = hashlib.sha256(f"{namespace}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shard_count

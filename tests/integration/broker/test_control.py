@@ -1,0 +1,159 @@
+"""The control connection of a broker: failover lists, backoff after failures, recovery of a stale one,
+channels that do not leak, TLS with host-name verification; brokers shared per login and closed when unused."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import shutil
+import socket
+import tempfile
+import urllib.parse
+from typing import Any
+
+import pytest
+from kombu.connection import Connection
+
+from celery_event_operator import certs
+from celery_event_operator.broker import address as broker_address
+from celery_event_operator.broker.brokers import Brokers
+from celery_event_operator.broker.control import ControlConnection
+from celery_event_operator.broker.secret import BrokerSettings
+from celery_event_operator.broker.tls import TlsFiles, TlsMaterial
+from celery_event_operator.errors import BrokerUnavailableError
+from celery_event_operator.topology import apply
+from celery_event_operator.topology.plan import Queue, Topology
+from tests.support import rabbitmq
+from tests.support.operator_process import free_port
+from tests.support.private_broker import PrivateRabbit
+from tests.support.waiting import eventually
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def dead_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"guest:guest@127.0.0.1:{free_port()}"))
+
+
+def server_properties(connection: Connection) -> str:
+    """A round trip to the broker, and what it says it is."""
+    channel = connection.channel()
+    channel.exchange_declare("amq.direct", "direct", passive=True)
+    channel.close()
+    return str(connection.connection.server_properties.get("product"))
+
+
+def test_failover_list_reaches_the_live_broker(test_vhost_url: str) -> None:
+    address = broker_address.parse(f"{dead_url(test_vhost_url)};{test_vhost_url}")
+    assert ControlConnection(address).run(server_properties) == "RabbitMQ"
+
+
+def test_failure_backs_off_without_reconnecting_each_time(test_vhost_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    control = ControlConnection(broker_address.parse(dead_url(test_vhost_url)), clock=clock)
+    attempts: list[str] = []
+    connect_to = control._connect_to
+    monkeypatch.setattr(control, "_connect_to", lambda endpoint: attempts.append(endpoint.host) or connect_to(endpoint))
+    with pytest.raises(BrokerUnavailableError, match=r"cannot reach the broker at 127\.0\.0\.1") as first:
+        control.run(server_properties)
+    with pytest.raises(BrokerUnavailableError) as within_backoff:
+        control.run(server_properties)
+    assert len(attempts) == 1, "within the backoff: no connection attempt at all"
+    # One Event per failure: the message does not change while the failure stays the same.
+    assert str(within_backoff.value) == str(first.value)
+    assert "next attempt" not in str(first.value)
+    clock.now += 1.5
+    with pytest.raises(BrokerUnavailableError):
+        control.run(server_properties)
+    assert len(attempts) == 2
+    clock.now += 1.5  # the delay doubled (2 s, plus up to 10 % jitter)
+    with pytest.raises(BrokerUnavailableError):
+        control.run(server_properties)
+    assert len(attempts) == 2
+
+
+def test_stale_connection_is_replaced_once(test_vhost_url: str) -> None:
+    control = ControlConnection(broker_address.parse(test_vhost_url))
+    first = control.run(lambda connection: connection.connection)
+    first.transport.sock.shutdown(socket.SHUT_RDWR)  # the socket dies under the kept connection
+    assert control.run(server_properties) == "RabbitMQ"
+    assert control.run(lambda connection: connection.connection) is not first
+
+
+def test_refused_declares_leak_no_channels(
+    test_vhost_url: str, rabbitmq_management: rabbitmq.Management, test_vhost: str
+) -> None:
+    """Issue #11: py-amqp revives a channel the broker closed; replacing it leaked one channel per refusal
+    (1,761 open channels after 1,000 services)."""
+    control = ControlConnection(broker_address.parse(test_vhost_url))
+    missing = Topology("ghost", (), tuple(Queue(f"ghost.q{n}", "events", {}) for n in range(20)), ())
+    for _ in range(5):
+        states = control.run(lambda connection: apply.inspect(connection, missing))
+        assert not any(state.present for state in states)
+
+    def our_channels() -> list[int]:
+        return [
+            int(c["channels"])
+            for c in rabbitmq_management.request(
+                "GET", f"/vhosts/{rabbitmq_management.vhost_path(test_vhost)}/connections"
+            )
+        ]
+
+    eventually(lambda: our_channels() == [0], timeout=15, message="channels left open")
+    control.close()
+
+
+def test_brokers_are_shared_per_login_and_closed_when_no_service_uses_them(test_vhost_url: str) -> None:
+    async def scenario() -> None:
+        brokers = Brokers()
+        address = broker_address.parse(test_vhost_url)
+        settings = BrokerSettings(address, TlsMaterial(), address.management_url())
+        other = BrokerSettings(
+            broker_address.parse(test_vhost_url, failover_strategy="shuffle"), TlsMaterial(), address.management_url()
+        )
+        first, second = brokers.acquire(settings), brokers.acquire(settings)
+        assert first is second
+        assert brokers.acquire(other) is not first
+        assert len(brokers) == 2
+        await brokers.release(first)
+        assert len(brokers) == 2, "still used once"
+        await brokers.release(second)
+        assert len(brokers) == 1
+        await brokers.close_all()
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture
+def tls_rabbit(tmp_path: pathlib.Path) -> Any:
+    base = pathlib.Path(tempfile.mkdtemp(prefix="ceo-rabbit-"))  # the rabbitmq user must reach it
+    rabbit = PrivateRabbit(base, tls=certs.self_signed(tmp_path / "tls", ["localhost"])).start()
+    try:
+        yield rabbit
+    finally:
+        rabbit.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_control_connection_verifies_the_host_name(tls_rabbit: PrivateRabbit) -> None:
+    """Issue #12: the topology connection checked the chain, not the host name."""
+    assert tls_rabbit.tls is not None
+    with pytest.raises(BrokerUnavailableError, match="CERTIFICATE_VERIFY_FAILED"):  # no CA given: untrusted
+        ControlConnection(broker_address.parse(tls_rabbit.tls_url)).run(server_properties)
+    tls = TlsFiles(TlsMaterial(ca=tls_rabbit.tls[0].read_text()))  # the Secret's ca.crt
+    try:
+        by_ip = ControlConnection(broker_address.parse(tls_rabbit.tls_url), tls)  # 127.0.0.1: not in the certificate
+        with pytest.raises(BrokerUnavailableError, match="mismatch"):
+            by_ip.run(server_properties)
+        by_name = ControlConnection(broker_address.parse(tls_rabbit.tls_url.replace("127.0.0.1", "localhost")), tls)
+        assert by_name.run(server_properties) == "RabbitMQ"
+        by_name.close()
+    finally:
+        tls.remove()

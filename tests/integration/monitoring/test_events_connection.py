@@ -1,0 +1,349 @@
+"""The events connection (its own AMQP framing, on an event loop) against the real RabbitMQ: exact counts,
+garbage, hostile and oversized bodies, many services on one connection, recovery when the broker cancels a
+consumer or drops the connection, refused logins, TLS with host-name verification and client certificates."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import shutil
+import tempfile
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import amqp
+import pytest
+from kombu.connection import Connection
+
+from celery_event_operator import certs, naming
+from celery_event_operator.broker import address as broker_address
+from celery_event_operator.broker.tls import TlsFiles, TlsMaterial
+from celery_event_operator.monitoring import events_connection
+from celery_event_operator.monitoring.events_connection import EventsConnection, Subscription
+from celery_event_operator.monitoring.state import MAX_EVENT_BYTES, ServiceMetrics
+from tests.support import pki, rabbitmq
+from tests.support.private_broker import PrivateRabbit
+from tests.support.waiting import eventually
+
+SERVICE = "billing"
+QUEUE = naming.monitor_queue_name(SERVICE)
+
+
+class Running:
+    """An EventsConnection on an event loop of its own (a thread), as the operator runs it; its log kept."""
+
+    def __init__(self, url: str, tls: TlsMaterial | None = None, services: tuple[str, ...] = (SERVICE,)) -> None:
+        self.address = broker_address.parse(url)
+        self.tls = TlsFiles(tls) if tls is not None else None
+        self.records: list[logging.LogRecord] = []
+        self.logger = logging.getLogger(f"test-events-{id(self)}")
+        self.logger.addHandler(_Keep(self.records))
+        self.logger.propagate = False
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.connection: EventsConnection = self.call(self._connect)
+        self.metrics: dict[str, ServiceMetrics] = {}
+        self.subscriptions: dict[str, Subscription] = {}
+        for service in services:
+            self.subscribe(service)
+
+    async def _connect(self) -> EventsConnection:
+        return EventsConnection(self.address, self.tls, self.logger)
+
+    def call(self, function: Any, *args: Any) -> Any:
+        """Run a coroutine function (or a plain one) on the connection's loop, wait for its result."""
+
+        async def run() -> Any:
+            result = function(*args)
+            return await result if asyncio.iscoroutine(result) else result
+
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        return future.result(30)
+
+    def subscribe(self, service: str) -> None:
+        metrics = self.metrics[service] = ServiceMetrics("default", service)
+        self.subscriptions[service] = self.call(
+            self.connection.subscribe,
+            f"default/{service}",
+            naming.monitor_queue_name(service),
+            naming.event_exchange_name(service),
+            metrics,
+        )
+
+    def unsubscribe(self, service: str) -> None:
+        self.call(self.connection.unsubscribe, self.subscriptions.pop(service))
+
+    def log(self) -> str:
+        return "\n".join(record.getMessage() for record in self.records)
+
+    def finish(self) -> None:
+        self.call(self.connection.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        if self.tls is not None:
+            self.tls.remove()
+
+    def received(self, service: str = SERVICE) -> int:
+        return sum(count for (kind, *_), count in self.metrics[service].counters.items() if kind == "received")
+
+
+class _Keep(logging.Handler):
+    def __init__(self, records: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def running(test_vhost_url: str) -> Iterator[Running]:
+    subject = Running(test_vhost_url)
+    eventually(lambda: consumers(test_vhost_url) == 1, timeout=10, message="the consumer never started")
+    yield subject
+    subject.finish()
+
+
+def consumers(url: str, queue: str = QUEUE) -> int:
+    with Connection(url) as connection:
+        try:
+            count: int = connection.channel().queue_declare(queue, passive=True).consumer_count
+        except amqp.exceptions.NotFound:
+            return 0
+        return count
+
+
+def publish(url: str, *bodies: bytes, service: str = SERVICE) -> None:
+    with Connection(url) as connection:
+        channel = connection.channel()
+        for body in bodies:
+            channel.basic_publish(
+                amqp.Message(body, content_type="application/json"),
+                naming.event_exchange_name(service),
+                "task.received",
+            )
+
+
+def received_event(number: int) -> bytes:
+    return (
+        b'{"type": "task-received", "hostname": "celery@billing-worker-a", "name": "orders.created", '
+        b'"uuid": "u%d"}' % number
+    )
+
+
+def listed_connections(management: rabbitmq.Management, vhost: str) -> list[dict[str, Any]]:
+    connections: list[dict[str, Any]] = management.request("GET", f"/vhosts/{management.vhost_path(vhost)}/connections")
+    return connections
+
+
+def test_events_garbage_and_oversized_bodies_are_counted_exactly(running: Running, test_vhost_url: str) -> None:
+    garbage = [b"{", b"[1, ", b"\xff\xfe", b"", b'{"no": "type"}', b'{"type": "task-received"}']
+    oversized = b'{"type": "task-received", "pad": "' + b"x" * (2 * MAX_EVENT_BYTES + 200_000) + b'"}'
+    publish(
+        test_vhost_url,
+        *(received_event(n) for n in range(50)),
+        *garbage,
+        oversized,
+        *(received_event(n) for n in range(50, 60)),
+    )
+    metrics = running.metrics[SERVICE]
+    eventually(
+        lambda: metrics.malformed == len(garbage) + 1 and running.received() == 60,
+        timeout=10,
+        message=f"not counted exactly: {metrics.malformed} malformed, {running.received()} received",
+    )
+    assert metrics.events_consumed == 60
+
+
+def test_hostile_bodies_never_stop_the_consumer(running: Running, test_vhost_url: str) -> None:
+    """Issue #12, finding 3: each of these switched a service's metrics off for good."""
+    hostile = [
+        b"[" * 30000 + b"]" * 30000,  # RecursionError in json.loads
+        b'{"type": "task-received", "hostname": "celery@w1", "uuid": ["a"], "name": "t"}',  # TypeError
+        b'{"type": "task-succeeded", "hostname": "celery@w1", "uuid": "x", "runtime": {"a": 1}}',
+        b'{"type": ["task-received"], "hostname": {"h": 1}}',
+    ]
+    publish(test_vhost_url, *(body for n in range(10) for body in (received_event(n), *hostile)))
+    eventually(lambda: running.received() == 10, timeout=10, message=f"good events lost: {running.received()}")
+    assert running.subscriptions[SERVICE].connected
+    publish(test_vhost_url, received_event(99))
+    eventually(lambda: running.received() == 11, timeout=5, message="the consumer stopped after hostile bodies")
+
+
+def test_many_services_share_one_connection_and_a_deleted_queue_stops_no_other(
+    test_vhost_url: str, rabbitmq_management: rabbitmq.Management, test_vhost: str
+) -> None:
+    services = tuple(f"svc{n}" for n in range(30))
+    subject = Running(test_vhost_url, services=services)
+    try:
+        for service in services:
+            eventually(lambda s=service: consumers(test_vhost_url, naming.monitor_queue_name(s)) == 1, timeout=15)
+        # The management API lists connections from its statistics: a few seconds late.
+        eventually(lambda: len(listed_connections(rabbitmq_management, test_vhost)) == 1, timeout=15)
+        doomed = "svc7"
+        rabbitmq_management.request(
+            "DELETE",
+            f"/queues/{rabbitmq_management.vhost_path(test_vhost)}/"
+            f"{urllib.parse.quote(naming.monitor_queue_name(doomed), safe='')}",
+        )
+        for index, service in enumerate(services):
+            publish(test_vhost_url, *(received_event(n) for n in range(index + 1)), service=service)
+        for index, service in enumerate(services):
+            if service != doomed:
+                eventually(lambda s=service, i=index: subject.received(s) == i + 1, timeout=10, message=service)
+        eventually(lambda: "cancelled the consumer" in subject.log(), timeout=5)
+        eventually(lambda: subject.subscriptions[doomed].connected, timeout=15, message="the deleted queue's consumer")
+        publish(test_vhost_url, received_event(1), service=doomed)
+        eventually(lambda: subject.received(doomed) == 1, timeout=5)
+        [connection] = listed_connections(rabbitmq_management, test_vhost)
+        assert connection["channels"] <= 2, "one consuming and one declaring channel, whatever the number of services"
+    finally:
+        subject.finish()
+
+
+def test_an_unsubscribed_service_stops_consuming_and_the_last_one_closes_the_connection(
+    test_vhost_url: str, rabbitmq_management: rabbitmq.Management, test_vhost: str
+) -> None:
+    subject = Running(test_vhost_url, services=("one", "two"))
+    try:
+        eventually(lambda: consumers(test_vhost_url, naming.monitor_queue_name("two")) == 1, timeout=10)
+        subject.unsubscribe("two")
+        eventually(lambda: consumers(test_vhost_url, naming.monitor_queue_name("two")) == 0, timeout=10)
+        assert consumers(test_vhost_url, naming.monitor_queue_name("one")) == 1
+    finally:
+        subject.finish()
+    eventually(lambda: listed_connections(rabbitmq_management, test_vhost) == [], timeout=10)
+
+
+def test_consumer_comes_back_when_the_broker_drops_its_connection(
+    running: Running, test_vhost_url: str, rabbitmq_management: rabbitmq.Management, test_vhost: str
+) -> None:
+    def ours() -> list[str]:
+        return [str(c["name"]) for c in listed_connections(rabbitmq_management, test_vhost)]
+
+    [first] = eventually(ours, timeout=10)
+    # A consumer without acks sends nothing: heartbeats are what tell the broker it lives.
+    assert [c["timeout"] for c in listed_connections(rabbitmq_management, test_vhost)] == [
+        events_connection.HEARTBEAT_SECONDS
+    ]
+    rabbitmq_management.request("DELETE", f"/connections/{urllib.parse.quote(first, safe='')}")
+    eventually(lambda: "closed the connection" in running.log(), timeout=5)
+    eventually(lambda: ours() not in ([], [first]), timeout=10, message="no new connection")
+    eventually(lambda: consumers(test_vhost_url) == 1, timeout=10)
+    publish(test_vhost_url, received_event(2))
+    eventually(lambda: running.received() == 1, timeout=5)
+
+
+def test_refused_login_is_retried_and_never_shows_the_password(test_vhost_url: str) -> None:
+    parts = urllib.parse.urlsplit(test_vhost_url)
+    sentinel = "sentinel-Pa55-w0rd"
+    wrong = urllib.parse.urlunsplit(parts._replace(netloc=f"guest:{sentinel}@{parts.hostname}:{parts.port or 5672}"))
+    subject = Running(wrong)
+    try:
+        eventually(
+            lambda: subject.log().count("ACCESS_REFUSED") >= 2,
+            timeout=10,
+            message="the refused login was not reported and retried",
+        )
+        assert sentinel not in subject.log()
+        assert subject.connection.login_refused
+        assert "ACCESS_REFUSED" in (subject.subscriptions[SERVICE].problem or "")
+        assert sentinel not in (subject.subscriptions[SERVICE].problem or "")
+    finally:
+        subject.finish()
+
+
+def test_a_stopped_consumer_leaves_no_connection(
+    test_vhost_url: str, rabbitmq_management: rabbitmq.Management, test_vhost: str
+) -> None:
+    subject = Running(test_vhost_url)
+    eventually(lambda: consumers(test_vhost_url) == 1, timeout=10)
+    subject.finish()
+    eventually(lambda: listed_connections(rabbitmq_management, test_vhost) == [], timeout=10)
+
+
+def private_tls_rabbit(tls_dir: pathlib.Path, hosts: list[str], client_ca: pathlib.Path | None = None) -> PrivateRabbit:
+    base = pathlib.Path(tempfile.mkdtemp(prefix="ceo-rabbit-"))  # the rabbitmq user must reach it
+    return PrivateRabbit(base, tls=certs.self_signed(tls_dir, hosts), client_ca=client_ca).start()
+
+
+@pytest.fixture
+def tls_rabbit(tmp_path: pathlib.Path) -> Iterator[PrivateRabbit]:
+    """A private node with an amqps:// listener whose certificate (for 127.0.0.1) no system CA has signed."""
+    rabbit = private_tls_rabbit(tmp_path / "tls", ["127.0.0.1"])
+    try:
+        yield rabbit
+    finally:
+        rabbit.stop()
+        shutil.rmtree(rabbit.base, ignore_errors=True)
+
+
+def test_amqps_consumes_only_from_a_broker_whose_certificate_is_trusted(tls_rabbit: PrivateRabbit) -> None:
+    assert tls_rabbit.tls is not None
+    untrusted = Running(tls_rabbit.tls_url)
+    try:
+        eventually(
+            lambda: "CERTIFICATE_VERIFY_FAILED" in untrusted.log(),
+            timeout=30,
+            message="an unknown certificate was not refused",
+        )
+    finally:
+        untrusted.finish()
+    # The Secret's ca.crt is what makes it trusted.
+    trusted = Running(tls_rabbit.tls_url, tls=TlsMaterial(ca=tls_rabbit.tls[0].read_text()))
+    try:
+        eventually(lambda: consumers(tls_rabbit.url) == 1, timeout=30, message="no consumer over TLS")
+        publish(tls_rabbit.url, received_event(3))
+        eventually(lambda: trusted.received() == 1, timeout=5)
+    finally:
+        trusted.finish()
+
+
+def test_amqps_refuses_a_certificate_for_another_host_name(tmp_path: pathlib.Path) -> None:
+    """Issue #12, finding 6: the chain was checked, the host name was not."""
+    rabbit = private_tls_rabbit(tmp_path / "tls", ["broker.example"])
+    try:
+        assert rabbit.tls is not None
+        ca = TlsMaterial(ca=rabbit.tls[0].read_text())
+        wrong_host = Running(rabbit.tls_url, tls=ca)  # 127.0.0.1, not broker.example
+        try:
+            eventually(
+                lambda: "mismatch" in wrong_host.log(),
+                timeout=30,
+                message=f"a certificate for another host was accepted: {wrong_host.log()}",
+            )
+            assert consumers(rabbit.url) == 0
+        finally:
+            wrong_host.finish()
+    finally:
+        rabbit.stop()
+        shutil.rmtree(rabbit.base, ignore_errors=True)
+
+
+def test_amqps_presents_the_client_certificate_of_the_secret(tmp_path: pathlib.Path) -> None:
+    client_ca, client_cert, client_key = pki.client_certificate(tmp_path / "client", "celery-event-operator")
+    rabbit = private_tls_rabbit(tmp_path / "tls", ["127.0.0.1"], client_ca=client_ca)
+    try:
+        assert rabbit.tls is not None
+        ca = rabbit.tls[0].read_text()
+        anonymous = Running(rabbit.tls_url, tls=TlsMaterial(ca=ca))
+        try:
+            eventually(lambda: "cannot consume" in anonymous.log(), timeout=30, message="no client certificate, yet in")
+            assert consumers(rabbit.url) == 0
+        finally:
+            anonymous.finish()
+        with_certificate = Running(
+            rabbit.tls_url, tls=TlsMaterial(ca=ca, cert=client_cert.read_text(), key=client_key.read_text())
+        )
+        try:
+            eventually(lambda: consumers(rabbit.url) == 1, timeout=30, message="the client certificate was refused")
+        finally:
+            with_certificate.finish()
+    finally:
+        rabbit.stop()
+        shutil.rmtree(rabbit.base, ignore_errors=True)
