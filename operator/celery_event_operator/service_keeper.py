@@ -35,6 +35,7 @@ from celery_event_operator.options import OperatorOptions
 from celery_event_operator.scaling import queue_status
 from celery_event_operator.service_status import EventNote, Validated
 from celery_event_operator.topology import declaring, plan
+from celery_event_operator.topology.outcome import FailureReason, Outcome
 
 # The workers' ConfigMap and rollout stamp are checked on every spec change and at least this often
 # (not on every resync: two API reads per service and resync would dominate at a thousand services).
@@ -112,7 +113,7 @@ class ServiceKeeper:
         previous = service_status.declared_entities(body)
         broker, failure = await self._broker_for(validated)
         if broker is None:
-            outcome = declaring.Outcome(topology, failure=failure[0], failure_message=failure[1])
+            outcome = Outcome(topology, failure=failure[0], failure_message=failure[1])
         else:
             outcome = await declaring.declare(broker, topology, previous)
         workers = await self._workers_outcome(body, validated, pods)
@@ -228,7 +229,7 @@ class ServiceKeeper:
         if isinstance(ref.get("name"), str):
             self.context.secrets.forget(self.namespace, ref["name"])
 
-    async def delete_entities(self, body: Mapping[str, Any]) -> declaring.Outcome | None:
+    async def delete_entities(self, body: Mapping[str, Any]) -> Outcome | None:
         """`deletionPolicy: delete`: the service's empty queues and exchanges removed (None: never acted on)."""
         try:
             validated = service_status.validate(body)
@@ -239,9 +240,9 @@ class ServiceKeeper:
             settings = await self.context.secrets.settings(self.namespace, validated.spec)
             broker = self.context.brokers.acquire(settings)
         except ManagementURLRejectedError as exc:
-            return declaring.Outcome(topology, failure="ManagementURLRejected", failure_message=str(exc))
+            return Outcome(topology, failure="ManagementURLRejected", failure_message=str(exc))
         except BrokerSecretError as exc:
-            return declaring.Outcome(topology, failure="BrokerSecretInvalid", failure_message=str(exc))
+            return Outcome(topology, failure="BrokerSecretInvalid", failure_message=str(exc))
         try:
             return await declaring.declare(broker, topology, service_status.declared_entities(body), remove=True)
         finally:
@@ -264,7 +265,7 @@ class ServiceKeeper:
             raise found
         return found
 
-    async def _broker_for(self, validated: Validated) -> tuple[Broker | None, tuple[declaring.FailureReason, str]]:
+    async def _broker_for(self, validated: Validated) -> tuple[Broker | None, tuple[FailureReason, str]]:
         """The broker of the service's current settings (switching when the Secret changed)."""
         try:
             settings: BrokerSettings = await self.context.secrets.settings(self.namespace, validated.spec)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
@@ -24,7 +23,8 @@ from celery_event_operator.api.models import (
 )
 from celery_event_operator.errors import InvalidSpecError
 from celery_event_operator.injection import workers as injection
-from celery_event_operator.topology.declaring import Outcome
+from celery_event_operator.topology.declared import Declared
+from celery_event_operator.topology.outcome import Outcome
 
 BROKER_REACHABLE = "BrokerReachable"
 TOPOLOGY_READY = "TopologyReady"
@@ -88,15 +88,9 @@ def validate(body: Mapping[str, Any]) -> Validated:
     return Validated(spec, effective_service_name(spec, body.get("metadata", {}).get("name", "")))
 
 
-def declared_entities(body: Mapping[str, Any]) -> frozenset[str]:
+def declared_entities(body: Mapping[str, Any]) -> Declared:
     raw = (body.get("metadata", {}).get("annotations") or {}).get(DECLARED_ANNOTATION)
-    if not raw:
-        return frozenset()
-    try:
-        names = json.loads(raw)
-    except ValueError:
-        return frozenset()  # hand-edited into garbage: forget it rather than act on it
-    return frozenset(name for name in names if isinstance(name, str)) if isinstance(names, list) else frozenset()
+    return Declared.from_json(raw) if raw else Declared()
 
 
 class _Conditions:
@@ -244,7 +238,7 @@ def conclude(
         declared = declared_entities(body)
         remembered = report.remembered(outcome.topology, declared)
         if remembered != declared:
-            annotations[DECLARED_ANNOTATION] = json.dumps(sorted(remembered))
+            annotations[DECLARED_ANNOTATION] = remembered.to_json()
 
     status["conditions"] = _sorted_conditions(state.current)
     return Decision(status, tuple(state.events), annotations)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 from typing import Any
 
 import pytest
@@ -12,8 +11,9 @@ from celery_event_operator import service_status
 from celery_event_operator.api.models import parse_spec
 from celery_event_operator.errors import InvalidSpecError
 from celery_event_operator.injection import workers as injection
-from celery_event_operator.topology import apply, plan
-from celery_event_operator.topology.declaring import Outcome
+from celery_event_operator.topology import apply, outcome, plan
+from celery_event_operator.topology.declared import Declared, DeclaredQueue
+from celery_event_operator.topology.outcome import Outcome
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 LATER = NOW + datetime.timedelta(minutes=1)
@@ -39,8 +39,8 @@ def body(
     }
 
 
-def healthy_report(**changes: Any) -> apply.Report:
-    report = apply.Report()
+def healthy_report(**changes: Any) -> outcome.Report:
+    report = outcome.Report()
     for key, value in changes.items():
         setattr(report, key, value)
     return report
@@ -77,12 +77,12 @@ def test_healthy_sync_is_ready_and_remembers_entities() -> None:
     assert (found["Ready"]["status"], found["Ready"]["reason"]) == ("True", "Reconciled")
     assert found["BrokerReachable"]["message"] == "connected to h:5672 vhost '/'"
     assert "queueLength" not in decision.status_patch, "the counters are the status daemon's (scaling/run.py)"
-    assert json.loads(decision.annotations[service_status.DECLARED_ANNOTATION]) == sorted(TOPOLOGY.entity_names)
+    assert Declared.from_json(decision.annotations[service_status.DECLARED_ANNOTATION]) == Declared.of(TOPOLOGY)
     assert decision.events == (), "nothing failed or recovered"
 
 
 def test_unchanged_entities_are_not_rewritten() -> None:
-    annotations = {service_status.DECLARED_ANNOTATION: json.dumps(sorted(TOPOLOGY.entity_names))}
+    annotations = {service_status.DECLARED_ANNOTATION: Declared.of(TOPOLOGY).to_json()}
     decision = service_status.conclude(
         body(annotations=annotations), Outcome(TOPOLOGY, "h", report=healthy_report()), NOW
     )
@@ -130,26 +130,29 @@ def test_refused_operation_is_a_topology_failure_on_a_reachable_broker() -> None
 
 
 def test_kept_and_removed_entities_are_told() -> None:
-    report = healthy_report(removed=["billing:retry.1"], kept=[apply.QueueState("billing.old", None, 4, 0)])
-    previous = {
-        service_status.DECLARED_ANNOTATION: json.dumps([*TOPOLOGY.entity_names, "billing:retry.1", "billing.old"])
-    }
+    report = healthy_report(kept=[outcome.QueueState("billing.old", None, 4, 0)])
+    report.note_removed(("queue", "billing:retry.1"))
+    report.note_removed(("exchange", "billing:retry.1"))
+    obsolete = Declared(
+        frozenset({"billing:retry.1"}), frozenset({DeclaredQueue("billing:retry.1"), DeclaredQueue("billing.old")})
+    )
+    previous = {service_status.DECLARED_ANNOTATION: (Declared.of(TOPOLOGY) | obsolete).to_json()}
     decision = service_status.conclude(body(annotations=previous), Outcome(TOPOLOGY, "h", report=report), NOW)
     assert "billing.old (4 messages)" in conditions_by_type(decision)["TopologyReady"]["message"]
     assert [e.reason for e in decision.events] == ["Removed"]
-    remembered = json.loads(decision.annotations[service_status.DECLARED_ANNOTATION])
-    assert "billing.old" in remembered
-    assert "billing:retry.1" not in remembered
+    remembered = Declared.from_json(decision.annotations[service_status.DECLARED_ANNOTATION]).entities
+    assert ("queue", "billing.old") in remembered
+    assert not {("queue", "billing:retry.1"), ("exchange", "billing:retry.1")} & remembered
 
 
 @pytest.mark.parametrize("raw", ["", "not json", '{"a": 1}', '[1, "x"]'])
 def test_declared_entities_survive_garbage(raw: str) -> None:
     found = service_status.declared_entities(body(annotations={service_status.DECLARED_ANNOTATION: raw}))
-    assert found <= {"x"}
+    assert found.entities <= {("queue", "x"), ("exchange", "x")}
 
 
 def test_deletion_events() -> None:
-    report = apply.Report(removed=["billing.e"], kept=[apply.QueueState("billing:archived", None, 2, 0)])
+    report = outcome.Report(removed=["billing.e"], kept=[outcome.QueueState("billing:archived", None, 2, 0)])
     notes = service_status.conclude_deletion(Outcome(TOPOLOGY, "h", report=report))
     assert [(n.type, n.reason) for n in notes] == [("Normal", "Removed"), ("Warning", "KeptNonEmpty")]
     assert "billing:archived (2 messages)" in notes[1].message

@@ -10,48 +10,20 @@ stops filling up while it waits to drain.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import amqp
 from kombu.connection import Connection
 
-from celery_event_operator.topology import plan
+from celery_event_operator.topology import declared, plan
+from celery_event_operator.topology.declared import Declared, DeclaredQueue
+from celery_event_operator.topology.outcome import EntityState, Problem, QueueState, Report
 from celery_event_operator.topology.plan import Topology
 
 _ARGUMENT_IN_ERROR = re.compile(r"inequivalent arg '([^']+)'")
 PRECONDITION_FAILED = 406
 NOT_FOUND = 404
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueState:
-    name: str
-    role: plan.QueueRole | None  # None: a queue the plan no longer has
-    messages: int
-    consumers: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """Why the broker does not hold the plan; `message` names the entity and is safe to show."""
-
-    entity: str
-    message: str
-
-
-@dataclasses.dataclass
-class Report:
-    problems: list[Problem] = dataclasses.field(default_factory=list)
-    recreated: list[str] = dataclasses.field(default_factory=list)
-    removed: list[str] = dataclasses.field(default_factory=list)
-    kept: list[QueueState] = dataclasses.field(default_factory=list)  # obsolete, waiting to drain
-
-    def remembered(self, topology: Topology, previous: frozenset[str]) -> frozenset[str]:
-        """What to remember as declared: the plan, and whatever obsolete entity is still there."""
-        return topology.entity_names | (previous - frozenset(self.removed))
 
 
 class _Channel:
@@ -163,29 +135,26 @@ def _ensure_queue(channel: _Channel, queue: plan.Queue, report: Report) -> None:
     )
 
 
-def _remove_obsolete(channel: _Channel, topology: Topology, names: Iterable[str], report: Report) -> None:
-    service, exchange = topology.service, next(e.name for e in topology.exchanges if e.shared)
-    kept_retry_levels = False
-    for name in names:
-        if name == plan.recover_name(service):
-            continue  # an exchange: removed last, once no retry level still drains into it
-        if name.startswith(f"{service}."):
-            event = name[len(service) + 1 :]
-            for source in (exchange, plan.recover_name(service)):
+def _remove_obsolete(channel: _Channel, topology: Topology, obsolete: Declared, report: Report) -> None:
+    staying = {exchange.name for exchange in topology.exchanges}
+    draining: list[DeclaredQueue] = []
+    for queue in sorted(obsolete.queues, key=lambda queue: queue.name):
+        for exchange, routing_key in queue.bindings:
+            if exchange in staying:  # so that it stops filling up while it waits to drain
                 with contextlib.suppress(amqp.exceptions.NotFound):  # already unbound or gone
-                    channel.call("queue_unbind", name, source, event)
-        kept = _delete_if_empty(channel, name)
-        if kept is not None:
+                    channel.call("queue_unbind", queue.name, exchange, routing_key)
+        kept = _delete_if_empty(channel, queue.name)
+        if kept is None:
+            report.note_removed(("queue", queue.name))
+        else:
             report.kept.append(kept)
-            kept_retry_levels |= name.startswith(plan.retry_name(service, 0))
-            continue
-        if not name.startswith(f"{service}."):  # retry levels and the archive have an exchange of their name
-            channel.call("exchange_delete", name)
-        report.removed.append(name)
-    recover = plan.recover_name(service)
-    if recover in names and not kept_retry_levels and recover not in topology.entity_names:
-        channel.call("exchange_delete", recover)
-        report.removed.append(recover)
+            draining.append(queue)
+    # An exchange stays while a queue that waits to drain is bound to it or dead-letters into it.
+    needed = {exchange for queue in draining for exchange, _ in queue.bindings}
+    needed |= {queue.dead_letter_exchange for queue in draining if queue.dead_letter_exchange}
+    for exchange in sorted(obsolete.exchanges - needed):
+        channel.call("exchange_delete", exchange)
+        report.note_removed(("exchange", exchange))
 
 
 def _declared_at_once(connection: Connection, topology: Topology) -> bool:
@@ -214,9 +183,10 @@ def _declared_at_once(connection: Connection, topology: Topology) -> bool:
     return True
 
 
-def apply(connection: Connection, topology: Topology, previous: frozenset[str] = frozenset()) -> Report:
+def apply(connection: Connection, topology: Topology, previous: Declared = declared.NOTHING) -> Report:
     """Declare the plan, repair what differs, and remove what the plan dropped (when empty)."""
-    if not plan.obsolete(previous, topology) and _declared_at_once(connection, topology):
+    obsolete = previous.obsolete(topology)
+    if not obsolete and _declared_at_once(connection, topology):
         return Report()
     report = Report()
     channel = _Channel(connection)
@@ -230,31 +200,22 @@ def apply(connection: Connection, topology: Topology, previous: frozenset[str] =
             if binding.exchange in broken:
                 continue
             channel.call("queue_bind", binding.queue, binding.exchange, binding.routing_key)
-        _remove_obsolete(channel, topology, plan.obsolete(previous, topology), report)
+        _remove_obsolete(channel, topology, obsolete, report)
     finally:
         channel.close()
     return report
 
 
-def delete(connection: Connection, topology: Topology, previous: frozenset[str] = frozenset()) -> Report:
+def delete(connection: Connection, topology: Topology, previous: Declared = declared.NOTHING) -> Report:
     """Remove every entity of the service that is empty; report the others. The shared exchange stays."""
     report = Report()
     channel = _Channel(connection)
     empty_plan = Topology(topology.service, tuple(e for e in topology.exchanges if e.shared), (), ())
     try:
-        _remove_obsolete(channel, empty_plan, sorted(topology.entity_names | previous), report)
+        _remove_obsolete(channel, empty_plan, previous | Declared.of(topology), report)
     finally:
         channel.close()
     return report
-
-
-@dataclasses.dataclass(frozen=True)
-class EntityState:
-    kind: str  # "exchange" or "queue"
-    name: str
-    present: bool
-    messages: int | None = None
-    consumers: int | None = None
 
 
 def inspect(connection: Connection, topology: Topology) -> list[EntityState]:

@@ -6,36 +6,16 @@ retry in a tight loop.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Literal
-
 import amqp
 
 from celery_event_operator.broker.brokers import Broker
 from celery_event_operator.errors import BrokerUnavailableError, UnsupportedOperationError
 from celery_event_operator.topology import apply, plan
-
-# BrokerSecretInvalid / ManagementURLRejected: the Secret (or the spec's management URL) cannot be used.
-# BrokerUnreachable: no connection. BrokerRefused: connected, but the broker refused an operation (e.g. the
-# user lacks the permission to declare in the vhost). UnsupportedOperation: the broker cannot do what
-# was asked (e.g. `if-empty` on a quorum queue).
-FailureReason = Literal[
-    "BrokerSecretInvalid", "ManagementURLRejected", "BrokerUnreachable", "BrokerRefused", "UnsupportedOperation"
-]
+from celery_event_operator.topology.declared import Declared
+from celery_event_operator.topology.outcome import Outcome
 
 
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    topology: plan.Topology
-    broker: str | None = None  # host:port and vhost, for messages
-    failure: FailureReason | None = None
-    failure_message: str = ""
-    report: apply.Report | None = None
-
-
-async def declare(
-    broker: Broker, topology: plan.Topology, previous: frozenset[str], *, remove: bool = False
-) -> Outcome:
+async def declare(broker: Broker, topology: plan.Topology, previous: Declared, *, remove: bool = False) -> Outcome:
     """Apply the service's plan (or, with `remove`, delete its empty entities) on its broker."""
     address = broker.settings.address
     operation = apply.delete if remove else apply.apply

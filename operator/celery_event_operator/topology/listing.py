@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery_event_operator.topology.apply import EntityState
+from celery_event_operator.topology.outcome import EntityState
 from celery_event_operator.topology.plan import Topology
 
 

@@ -38,7 +38,6 @@ __all__ = [
     "Topology",
     "archive_name",
     "handler_queue_name",
-    "obsolete",
     "plan",
     "recover_name",
     "retry_name",
@@ -84,11 +83,6 @@ class Topology:
     exchanges: tuple[Exchange, ...]
     queues: tuple[Queue, ...]
     bindings: tuple[Binding, ...]
-
-    @property
-    def entity_names(self) -> frozenset[str]:
-        """Names of what the service owns (the shared events exchange excluded)."""
-        return frozenset({e.name for e in self.exchanges if not e.shared} | {q.name for q in self.queues})
 
 
 def retry_delay_ms(level: int) -> int:
@@ -161,8 +155,3 @@ def plan(service: str, spec: CeleryEventServiceSpec) -> Topology:
         bindings.append(Binding(naming.event_exchange_name(service), naming.monitor_queue_name(service), "#"))
 
     return Topology(service, tuple(exchanges), tuple(queues), tuple(bindings))
-
-
-def obsolete(previous: frozenset[str], current: Topology) -> list[str]:
-    """Entities declared before that the current plan no longer has, in a stable order."""
-    return sorted(previous - current.entity_names)

@@ -13,6 +13,7 @@ from kombu.connection import Connection
 
 from celery_event_operator.api.models import parse_spec
 from celery_event_operator.topology import apply, plan
+from celery_event_operator.topology.declared import Declared
 from tests.support import rabbitmq
 from tests.support.kube import eventually
 from tests.support.waiting import stays
@@ -81,7 +82,7 @@ def test_broker_holds_exactly_the_plan(
     assert report.problems == []
     assert rabbitmq.snapshot(rabbitmq_management, test_vhost) == expected_snapshot(topology)
 
-    again = apply.apply(connection, topology, topology.entity_names)
+    again = apply.apply(connection, topology, Declared.of(topology))
     assert (again.problems, again.recreated, again.removed) == ([], [], [])
 
 
@@ -129,7 +130,7 @@ def test_changed_archive_length_recreates_an_empty_archive(
 ) -> None:
     apply.apply(connection, plan.plan("billing", spec()))
     bigger = plan.plan("billing", spec(archive={"maxLength": 20_000}))
-    report = apply.apply(connection, bigger, bigger.entity_names)
+    report = apply.apply(connection, bigger, Declared.of(bigger))
     assert report.problems == []
     assert report.recreated == ["billing:archived"]
     assert rabbitmq.snapshot(rabbitmq_management, test_vhost) == expected_snapshot(bigger)
@@ -143,7 +144,7 @@ def test_changed_archive_length_on_a_full_archive_is_reported_and_loses_nothing(
         publish(channel, "billing:archived", EVENT, body=f"archived-{index}")
     eventually(lambda: depth(channel, "billing:archived") == 3)
     bigger = plan.plan("billing", spec(archive={"maxLength": 20_000}))
-    report = apply.apply(connection, bigger, bigger.entity_names)
+    report = apply.apply(connection, bigger, Declared.of(bigger))
     [problem] = report.problems
     assert problem.entity == "billing:archived"
     assert "x-max-length" in problem.message
@@ -159,16 +160,16 @@ def test_lowered_retries_remove_empty_levels_and_keep_a_draining_one(connection:
     eventually(lambda: depth(channel, "billing:retry.2") == 1)
 
     after = plan.plan("billing", spec(retry={"maxRetries": 1}))
-    report = apply.apply(connection, after, before.entity_names)
+    report = apply.apply(connection, after, Declared.of(before))
     assert report.removed == ["billing:retry.1"]
     assert [q.name for q in report.kept] == ["billing:retry.2"]
-    remembered = report.remembered(after, before.entity_names)
-    assert "billing:retry.2" in remembered
+    remembered = report.remembered(after, Declared.of(before))
+    assert ("queue", "billing:retry.2") in remembered.entities
 
     get(channel, f"billing.{EVENT}", timeout=8)  # it drained back to its handler queue, nothing lost
     final = apply.apply(connection, after, remembered)
     assert final.removed == ["billing:retry.2"]
-    assert final.remembered(after, remembered) == after.entity_names
+    assert final.remembered(after, remembered) == Declared.of(after)
     with pytest.raises(amqp.exceptions.NotFound):
         connection.channel().queue_declare("billing:retry.2", passive=True)
 
@@ -180,13 +181,13 @@ def test_dropped_handler_is_unbound_at_once_and_removed_when_empty(connection: C
     eventually(lambda: depth(channel, "billing.b") == 1)
 
     only_a = plan.plan("billing", spec(events={"handlers": [{"name": "a"}]}))
-    report = apply.apply(connection, only_a, both.entity_names)
+    report = apply.apply(connection, only_a, Declared.of(both))
     assert [q.name for q in report.kept] == ["billing.b"]
     publish(channel, "events", "b")
     stays(lambda: depth(channel, "billing.b") == 1, seconds=0.3, message="no longer bound, yet new events piled up")
 
     channel.basic_ack(get(channel, "billing.b").delivery_tag)
-    assert apply.apply(connection, only_a, report.remembered(only_a, both.entity_names)).removed == ["billing.b"]
+    assert apply.apply(connection, only_a, report.remembered(only_a, Declared.of(both))).removed == ["billing.b"]
 
 
 def test_hand_deleted_entities_come_back(
@@ -197,7 +198,7 @@ def test_hand_deleted_entities_come_back(
     channel.queue_delete(f"billing.{EVENT}")
     channel.exchange_delete("billing:recover")
     channel.queue_unbind("billing:retry", "billing:retry", "")
-    apply.apply(connection, topology, topology.entity_names)
+    apply.apply(connection, topology, Declared.of(topology))
     assert rabbitmq.snapshot(rabbitmq_management, test_vhost) == expected_snapshot(topology)
 
 
@@ -224,7 +225,7 @@ def test_delete_removes_empty_entities_keeps_full_ones_and_the_shared_exchange(
     apply.apply(connection, topology)
     publish(channel, "billing:archived", EVENT)
     eventually(lambda: depth(channel, "billing:archived") == 1)
-    report = apply.delete(connection, topology, topology.entity_names)
+    report = apply.delete(connection, topology, Declared.of(topology))
     assert [q.name for q in report.kept] == ["billing:archived"]
     left = rabbitmq.snapshot(rabbitmq_management, test_vhost)
     assert set(left["queues"]) == {"billing:archived"}

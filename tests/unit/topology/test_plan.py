@@ -8,6 +8,7 @@ import pytest
 
 from celery_event_operator.api.models import MAX_RETRIES_CAP, parse_spec
 from celery_event_operator.topology import plan
+from celery_event_operator.topology.declared import Declared, DeclaredQueue
 from celery_event_operator.topology.plan import Binding, Exchange, Queue
 
 
@@ -93,7 +94,7 @@ def test_custom_events_exchange_and_several_handlers() -> None:
         Binding("domain", "s.a.b", "a.b"),
         Binding("domain", "s.c", "c"),
     ]
-    assert "domain" not in topology.entity_names, "the shared exchange is never the service's to delete"
+    assert "domain" not in Declared.of(topology).exchanges, "the shared exchange is never the service's to delete"
 
 
 @pytest.mark.parametrize(
@@ -172,13 +173,27 @@ def test_quorum(
 def test_obsolete_entities_after_lowering_retries_and_dropping_a_handler() -> None:
     before = plan.plan("s", spec(retry={"maxRetries": 3}, events={"handlers": [{"name": "a"}, {"name": "b"}]}))
     after = plan.plan("s", spec(retry={"maxRetries": 1}, events={"handlers": [{"name": "a"}]}))
-    assert plan.obsolete(before.entity_names, after) == ["s.b", "s:retry.1", "s:retry.2"]
+    obsolete = Declared.of(before).obsolete(after)
+    assert sorted(obsolete.exchanges) == ["s:retry.1", "s:retry.2"]
+    assert sorted(obsolete.queues, key=lambda queue: queue.name) == [
+        DeclaredQueue("s.b", (("events", "b"), ("s:recover", "b")), "s:retry"),
+        DeclaredQueue("s:retry.1", (("s:retry.1", ""),), "s:recover"),
+        DeclaredQueue("s:retry.2", (("s:retry.2", ""),), "s:recover"),
+    ]
+
+
+def test_declared_record_round_trips_and_reads_the_first_format() -> None:
+    declared = Declared.of(plan.plan("s", spec(retry={"maxRetries": 2})))
+    assert Declared.from_json(declared.to_json()) == declared
+    legacy = Declared.from_json('["s.a", "s:retry"]')
+    assert legacy.entities == {("queue", "s.a"), ("exchange", "s.a"), ("queue", "s:retry"), ("exchange", "s:retry")}
 
 
 def test_monitoring_adds_the_event_exchange_and_a_bounded_queue() -> None:
     with_monitoring = plan.plan("billing", spec())
     without = plan.plan("billing", spec(monitoring={"enabled": False}))
-    assert with_monitoring.entity_names - without.entity_names == {"billing:celeryev", "billing.celeryev"}
+    added = Declared.of(with_monitoring).entities - Declared.of(without).entities
+    assert added == {("exchange", "billing:celeryev"), ("queue", "billing.celeryev")}
     [queue] = [q for q in with_monitoring.queues if q.role == "monitor"]
     assert queue.arguments == {"x-message-ttl": 60_000, "x-max-length": 100_000, "x-expires": 600_000}
     assert Binding("billing:celeryev", "billing.celeryev", "#") in with_monitoring.bindings
