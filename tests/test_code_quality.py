@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 
@@ -26,4 +27,17 @@ def test_ruff_format() -> None:
 
 def test_mypy_strict() -> None:
     result = run("mypy")  # configured in pyproject.toml: strict, on the package
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_import_layers() -> None:
+    """The contracts in pyproject.toml ([tool.importlinter]): pure modules do no I/O, handlers stay thin."""
+    result = subprocess.run(
+        [pathlib.Path(sys.executable).with_name("lint-imports"), "--no-cache"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

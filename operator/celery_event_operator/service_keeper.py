@@ -27,8 +27,9 @@ from celery_event_operator.broker.brokers import Broker, Brokers
 from celery_event_operator.broker.secret import BrokerSettings, SecretReader
 from celery_event_operator.errors import BrokerSecretError, InvalidSpecError, KubeError
 from celery_event_operator.injection import workers as injection
-from celery_event_operator.kubeapi import AsyncKubeApi
-from celery_event_operator.monitoring.collector import MetricsRegistry
+from celery_event_operator.injection.outcome import Outcome as WorkersOutcome
+from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
+from celery_event_operator.monitoring.collector import MetricsRegistry, serve_metrics
 from celery_event_operator.monitoring.events_connection import Subscription
 from celery_event_operator.naming import event_exchange_name, monitor_queue_name
 from celery_event_operator.options import OperatorOptions
@@ -64,6 +65,21 @@ class Context:
     brokers: Brokers
     metrics: MetricsRegistry
 
+    @classmethod
+    def open(cls, options: OperatorOptions) -> Context:
+        """The clients every keeper shares, and the /metrics server when it is wanted."""
+        kube = AsyncKubeApi(KubeApi.from_environment())
+        context = cls(
+            options=options, kube=kube, secrets=SecretReader(kube), brokers=Brokers(), metrics=MetricsRegistry()
+        )
+        if options.metrics_port:
+            serve_metrics(context.metrics, options.metrics_port, options.metrics_addr)
+        return context
+
+    async def close(self) -> None:
+        await self.brokers.close_all()
+        self.kube.close()
+
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(tz=datetime.UTC)
@@ -85,7 +101,7 @@ class ServiceKeeper:
         self._broker: Broker | None = None
         self._subscription: Subscription | None = None
         self._service: str | None = None
-        self._workers: tuple[int | None, float, injection.Outcome] | None = None  # generation, when, outcome
+        self._workers: tuple[int | None, float, WorkersOutcome] | None = None  # generation, when, outcome
         self._scaler = queue_status.ScalerMemory()
         self._monitoring_announced = False
         self._swept_at = time.monotonic()
@@ -338,7 +354,7 @@ class ServiceKeeper:
 
     async def _workers_outcome(
         self, body: Mapping[str, Any], validated: Validated, pods: ServicePods
-    ) -> injection.Outcome:
+    ) -> WorkersOutcome:
         generation = (body.get("metadata") or {}).get("generation")
         now = time.monotonic()
         if self._workers is not None:

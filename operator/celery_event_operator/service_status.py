@@ -22,7 +22,7 @@ from celery_event_operator.api.models import (
     parse_spec,
 )
 from celery_event_operator.errors import InvalidSpecError
-from celery_event_operator.injection import workers as injection
+from celery_event_operator.injection import outcome as injection
 from celery_event_operator.topology.declared import Declared
 from celery_event_operator.topology.outcome import Outcome
 

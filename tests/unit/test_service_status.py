@@ -10,7 +10,7 @@ import pytest
 from celery_event_operator import service_status
 from celery_event_operator.api.models import parse_spec
 from celery_event_operator.errors import InvalidSpecError
-from celery_event_operator.injection import workers as injection
+from celery_event_operator.injection import outcome as injection
 from celery_event_operator.topology import apply, outcome, plan
 from celery_event_operator.topology.declared import Declared, DeclaredQueue
 from celery_event_operator.topology.outcome import Outcome

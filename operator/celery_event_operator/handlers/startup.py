@@ -1,4 +1,4 @@
-"""Start-up and shutdown: how kopf behaves for this operator, the shared clients, the /metrics server."""
+"""Start-up and shutdown: how kopf behaves for this operator; the shared clients opened and closed."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ import tempfile
 from typing import Any
 
 import kopf
-import prometheus_client
 
 from celery_event_operator import certs
 from celery_event_operator.api.models import GROUP
-from celery_event_operator.broker.brokers import Brokers
-from celery_event_operator.broker.secret import SecretReader
-from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
-from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
 from celery_event_operator.options import OperatorOptions, WebhookOptions
 from celery_event_operator.service_keeper import Context
 
@@ -28,22 +23,13 @@ FINALIZER = f"{GROUP}/finalizer"
 @kopf.on.startup()
 async def connect(memo: kopf.Memo, **_: Any) -> None:
     # Shared by every resource's keeper (kopf copies the memo per object, not the objects in it).
-    options: OperatorOptions = memo.options
-    kube = AsyncKubeApi(KubeApi.from_environment())
-    memo.context = Context(
-        options=options, kube=kube, secrets=SecretReader(kube), brokers=Brokers(), metrics=MetricsRegistry()
-    )
-    if options.metrics_port:
-        registry = prometheus_client.CollectorRegistry()
-        registry.register(EventsCollector(memo.context.metrics))
-        prometheus_client.start_http_server(options.metrics_port, addr=options.metrics_addr, registry=registry)
+    memo.context = Context.open(memo.options)
 
 
 @kopf.on.cleanup()
 async def disconnect(memo: kopf.Memo, **_: Any) -> None:
     context: Context = memo.context
-    await context.brokers.close_all()
-    context.kube.close()
+    await context.close()
 
 
 def webhook_server(options: WebhookOptions) -> kopf.WebhookServer:

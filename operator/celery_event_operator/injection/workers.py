@@ -9,17 +9,8 @@ from typing import Any
 from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.errors import KubeError
 from celery_event_operator.injection import settings as rendering
+from celery_event_operator.injection.outcome import Outcome
 from celery_event_operator.kubeapi import AsyncKubeApi
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    config_hash: str
-    configmap_error: str | None = None
-    target_error: str | None = None
-    stamped: str | None = None  # "Deployment/name" when the rollout stamp was just set
-    pods: int = 0
-    pods_current: int = 0
 
 
 def configmap_body(name: str, owner: dict[str, Any], service: str, data: dict[str, str]) -> dict[str, Any]:

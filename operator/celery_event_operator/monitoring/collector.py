@@ -10,8 +10,9 @@ import threading
 import time
 from collections.abc import Iterator
 
+import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from celery_event_operator.monitoring.state import RUNTIME_BUCKETS, TASK_EVENT_KINDS, WITH_EXCEPTION, ServiceMetrics
 
@@ -141,3 +142,10 @@ class EventsCollector(Collector):
             dropped.add_metric(service, metrics.dropped)
         yield from tasks.values()
         yield from (runtime, up, active, queue_length, consumers, consumed, malformed, dropped, reconciles, status_pass)
+
+
+def serve_metrics(metrics: MetricsRegistry, port: int, addr: str) -> None:
+    """Serve /metrics on its own thread (prometheus_client's server), beside kopf's event loop."""
+    registry = CollectorRegistry()
+    registry.register(EventsCollector(metrics))
+    prometheus_client.start_http_server(port, addr=addr, registry=registry)
