@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -17,6 +17,7 @@ from celery_event_operator.options import OperatorOptions, WebhookOptions
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_EXAMPLES = ("examples/broker-secret.yaml", "examples/billing.yaml")
+COMMANDS_ENTRY_POINTS = "celery_event_operator.commands"
 # The chart cannot reach files outside its directory, so it carries its own copy of the CRD.
 CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
 
@@ -93,20 +94,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    from celery_event_operator.devcluster import devmode
-
-    return asyncio.run(
-        devmode.main(
-            options=_options(args),
-            api_port=args.api_port,
-            state_dir=pathlib.Path(args.state_dir),
-            broker_url=args.broker_url,
-            examples=[pathlib.Path(path) for path in args.example or DEFAULT_EXAMPLES],
-            liveness=args.liveness or None,
-            verbose=args.verbose,
-            with_sample_worker=not args.no_sample_worker,
+    # The dev mode ships beside the operator (package celery_event_devcluster, extra `devcluster`) and is found
+    # through its entry point, so the operator itself never imports it.
+    try:
+        (entry,) = importlib.metadata.entry_points(group=COMMANDS_ENTRY_POINTS, name="dev")
+        run_dev = entry.load()
+    except (ValueError, ModuleNotFoundError):
+        print(
+            "the dev mode needs the devcluster extra: pip install 'celery-event-operator[devcluster]'", file=sys.stderr
         )
-    )
+        return 2
+    status: int = run_dev(args, _options(args))
+    return status
 
 
 def _service_and_broker(args: argparse.Namespace, name: str) -> tuple[str, Any, Any]:

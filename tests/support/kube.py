@@ -16,8 +16,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from celery_event_operator.devcluster.emulator import KubeEmulator
-from celery_event_operator.devcluster.server import serve, write_kubeconfig
+from celery_event_devcluster.emulator import KubeEmulator
+from celery_event_devcluster.server import serve, write_kubeconfig
 from tests.support import waiting
 
 T = TypeVar("T")

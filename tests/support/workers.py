@@ -1,7 +1,7 @@
 """Real Celery worker processes started from what the webhook injected into a pod.
 
 No kubelet runs here, so `as_kubelet_would` stands in for it (the one mocked part; see
-devcluster/kubelet.py): the container's env with `secretKeyRef`s read from the API, and the ConfigMap
+celery_event_devcluster/kubelet.py): the container's env with `secretKeyRef`s read from the API, and the ConfigMap
 volume written to a directory that stands in for the mount path.
 """
 
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
-from celery_event_operator.devcluster import kubelet
+from celery_event_devcluster import kubelet
 from tests.support import waiting
 from tests.support.kube import KubeClient
 

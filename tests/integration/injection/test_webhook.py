@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.devcluster import jsonpatch
+from celery_event_devcluster import jsonpatch
 from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings as injection_settings
 from tests.conftest import billing_sample, create_broker_secret

@@ -18,7 +18,7 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator.devcluster import jsonpatch
+from celery_event_devcluster import jsonpatch
 from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
 from tests.conftest import billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod

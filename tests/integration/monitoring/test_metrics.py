@@ -14,7 +14,7 @@ import pytest
 from kombu.connection import Connection
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_event_operator.devcluster import jsonpatch
+from celery_event_devcluster import jsonpatch
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
 from tests.support.kube import EmulatedApi, condition, eventually

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.devcluster import jsonpatch
+from celery_event_devcluster import jsonpatch
 
 DOC = {"metadata": {"resourceVersion": "7", "finalizers": ["a", "b"]}, "spec": {"x": 1}}
 

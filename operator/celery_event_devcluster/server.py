@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import kmock
 import yaml
 
-from celery_event_operator.devcluster.emulator import KubeEmulator
+from celery_event_devcluster.emulator import KubeEmulator
 
 CONTEXT_NAME = "celery-event-operator-dev"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -12,10 +13,11 @@ from typing import Any
 import kopf
 
 import celery_event_operator.handlers  # noqa: F401  (registers the handlers)
+from celery_event_devcluster import sample_worker
+from celery_event_devcluster.manifests import create_all, load_documents
+from celery_event_devcluster.server import serve, write_kubeconfig
 from celery_event_operator.api import crd
-from celery_event_operator.devcluster import sample_worker
-from celery_event_operator.devcluster.manifests import create_all, load_documents
-from celery_event_operator.devcluster.server import serve, write_kubeconfig
+from celery_event_operator.cli import DEFAULT_EXAMPLES
 from celery_event_operator.options import OperatorOptions
 
 
@@ -41,6 +43,22 @@ async def _sample_worker(
             await stop.wait()
     except (LookupError, OSError) as exc:
         print(f"The sample worker did not start: {exc}", flush=True)
+
+
+def run_command(args: argparse.Namespace, options: OperatorOptions) -> int:
+    """`celery-event-operator dev` (the CLI's entry point `celery_event_operator.commands:dev`)."""
+    return asyncio.run(
+        main(
+            options=options,
+            api_port=args.api_port,
+            state_dir=pathlib.Path(args.state_dir),
+            broker_url=args.broker_url,
+            examples=[pathlib.Path(path) for path in args.example or DEFAULT_EXAMPLES],
+            liveness=args.liveness or None,
+            verbose=args.verbose,
+            with_sample_worker=not args.no_sample_worker,
+        )
+    )
 
 
 async def main(

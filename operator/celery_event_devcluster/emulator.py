@@ -36,7 +36,7 @@ import attrs
 import kmock
 from kmock._internal.aiobus import Bus
 
-from celery_event_operator.devcluster import jsonpatch, printing
+from celery_event_devcluster import jsonpatch, printing
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 SECRET_RESOURCE = kmock.resource("", "v1", "secrets")

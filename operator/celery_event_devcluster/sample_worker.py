@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from celery_event_devcluster import kubelet
 from celery_event_operator import service_status
-from celery_event_operator.devcluster import kubelet
 from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings
 
