@@ -157,15 +157,33 @@ def generate(url: str, services: list[str], per_service: int, ready: Any) -> Non
                 ).encode()
                 framed.append(publish_frames(channel.channel_id, naming.event_exchange_name(service_name), body))
         chunks = [b"".join(framed[i : i + 500]) for i in range(0, len(framed), 500)]
+        # RabbitMQ's flow control may hold a fast publisher's socket for a while: wait, never time out.
+        client.transport.sock.settimeout(None)
         ready.wait()
         for chunk in chunks:
             client.transport.write(chunk)
 
 
-def ingest(operator: OperatorProcess, url: str, services: list[str], total: int) -> tuple[float, float]:
+def broker_pid() -> int | None:
+    """The local RabbitMQ node's process (its CPU is the other half of the story), if there is one."""
+    for stat in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if b"beam.smp" in stat.read_bytes() and b"rabbit" in stat.read_bytes():
+                return int(stat.parent.name)
+        except OSError:
+            continue
+    return None
+
+
+def broker_figure(cpu: float | None) -> str:
+    return "" if cpu is None else f", broker CPU {cpu:.1f} µs/event"
+
+
+def ingest(operator: OperatorProcess, url: str, services: list[str], total: int) -> tuple[float, float, float | None]:
     """Events/s the operator consumed while a generator published `total` events spread over `services`, and
-    the operator's CPU µs per event meanwhile."""
+    the operator's and the local broker's CPU µs per event meanwhile."""
     assert operator.process is not None
+    broker = broker_pid()
     before = scraped(operator, "celery_event_operator_events_consumed_total")
     base = sum(before.get(s, 0.0) for s in services)
     ready = multiprocessing.Event()
@@ -173,6 +191,7 @@ def ingest(operator: OperatorProcess, url: str, services: list[str], total: int)
     generator.start()
     time.sleep(min(10.0, 2 + total / 20_000))  # the generator frames its stream before the clock starts
     _, _, cpu0 = process_figures(operator.process.pid)
+    broker0 = process_figures(broker)[2] if broker else 0.0
     started = last_change = time.perf_counter()
     ready.set()
     done = 0.0
@@ -183,8 +202,9 @@ def ingest(operator: OperatorProcess, url: str, services: list[str], total: int)
         if now_done != done:
             done, last_change = now_done, time.perf_counter()
     _, _, cpu1 = process_figures(operator.process.pid)
+    broker_cpu = (process_figures(broker)[2] - broker0) / max(done, 1) * 1e6 if broker else None
     generator.join()
-    return done / (last_change - started), (cpu1 - cpu0) / max(done, 1) * 1e6
+    return done / (last_change - started), (cpu1 - cpu0) / max(done, 1) * 1e6, broker_cpu
 
 
 def report_steady_state(
@@ -264,14 +284,18 @@ def main() -> int:
                 print(f"all Ready:            {time.monotonic() - started:.1f}s")
 
                 report_steady_state(api, operator, management, vhost, args)
-                single, single_cpu = ingest(operator, url, [name(0)], args.ingest_events)
-                many, many_cpu = ingest(
+                single, single_cpu, single_broker = ingest(operator, url, [name(0)], args.ingest_events)
+                many, many_cpu, many_broker = ingest(
                     operator, url, [name(i) for i in range(args.ingest_services)], args.ingest_events
                 )
-                print(f"ingest, 1 service:    {single:,.0f} events/s, operator CPU {single_cpu:.1f} µs/event")
+                print(
+                    f"ingest, 1 service:    {single:,.0f} events/s, operator CPU {single_cpu:.1f} µs/event"
+                    f"{broker_figure(single_broker)}"
+                )
                 print(
                     f"ingest, {args.ingest_services} services: {many:,.0f} events/s "
                     f"({100 * many / single:.0f} % of one service's), operator CPU {many_cpu:.1f} µs/event"
+                    f"{broker_figure(many_broker)}"
                 )
             finally:
                 operator.stop()
