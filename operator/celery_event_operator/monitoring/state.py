@@ -11,9 +11,10 @@ from __future__ import annotations
 import bisect
 import collections
 import json
+import math
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 # Events whose counters are exported as celery_task_<kind>_total.
 TASK_EVENT_KINDS = ("sent", "received", "started", "succeeded", "failed", "rejected", "revoked", "retried")
@@ -22,6 +23,9 @@ WITH_EXCEPTION = frozenset({"failed", "retried"})
 RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 GENERIC_WORKER = "generic"  # task-sent comes from producers, which are no workers
 MAX_EVENT_BYTES = 64 * 1024
+MAX_LABEL_CHARS = 512  # longer task names or hostnames are no Celery's: such an event is malformed
+# Events that are legitimately larger than MAX_EVENT_BYTES (their traceback), counted from their short fields.
+OVERSIZED_KINDS = frozenset({"task-failed", "task-retried"})
 TASK_NAMES_KEPT = 50_000  # task uuid → name, for events that do not carry the name
 TOMBSTONES_KEPT = 10_000
 TOMBSTONE_SECONDS = 600.0
@@ -47,6 +51,38 @@ def exception_class(text: str) -> str:
     return head.rpartition(".")[2] or "Exception"
 
 
+def _is_label(value: object) -> TypeGuard[str]:
+    """A non-empty string short enough to be a label value (task names, hostnames, uuids)."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_LABEL_CHARS
+
+
+def _is_duration(value: object) -> TypeGuard[float]:
+    """Seconds as Celery reports them: a finite, non-negative number (NaN would poison a sum for good)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def _text(value: object) -> str:
+    return value[:MAX_LABEL_CHARS] if isinstance(value, str) else ""
+
+
+# A top-level `"key": "short string"` pair of an event's JSON text. Inside a JSON string every quote is
+# escaped, so a traceback cannot fake one.
+_SHORT_FIELD = re.compile(rb'"(type|hostname|uuid|name|exception)"\s*:\s*("(?:[^"\\]|\\.){0,%d}")' % MAX_LABEL_CHARS)
+
+
+def fields_of_oversized(head: bytes, tail: bytes) -> dict[str, str]:
+    """The short string fields found in the first and last bytes of an event too large to decode."""
+    fields: dict[str, str] = {}
+    for part in (head, tail):
+        for match in _SHORT_FIELD.finditer(part):
+            try:
+                value = json.loads(match.group(2))
+            except ValueError:
+                continue
+            fields.setdefault(match.group(1).decode(), value)
+    return fields
+
+
 class ServiceMetrics:
     def __init__(self, namespace: str, service: str) -> None:
         self.namespace = namespace
@@ -70,46 +106,60 @@ class ServiceMetrics:
     # --- the hot path -----------------------------------------------------------------------
 
     def ingest_message(self, body: bytes | str, now: float) -> None:
-        """One AMQP message of the event exchange: an event, or a list of them (batched)."""
+        """One AMQP message of the event exchange: an event, or a list of them (batched).
+
+        A message that is not entirely made of events counts once as malformed, whatever its size or
+        shape; its well-formed events are still counted.
+        """
         if len(body) > MAX_EVENT_BYTES:
             self.count_malformed()
             return
         try:
             decoded = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             self.count_malformed()
             return
         if isinstance(decoded, list):
-            for event in decoded:
-                self.ingest(event, now)
-        else:
-            self.ingest(decoded, now)
+            valid = [self.ingest(event, now) for event in decoded]
+            if not all(valid):
+                self.count_malformed()
+        elif not self.ingest(decoded, now):
+            self.count_malformed()
 
     def ingest_oversized(self, head: bytes, tail: bytes, size: int, now: float) -> None:
-        """A body over MAX_EVENT_BYTES, of which only the head and tail were kept: not read as an event."""
-        self.count_malformed()
+        """A body over MAX_EVENT_BYTES, of which only the head and tail were kept.
+
+        A legitimate task-failed or task-retried with a long traceback is this large: it is counted from
+        the short top-level fields found in the kept parts; anything else is malformed.
+        """
+        fields = fields_of_oversized(head, tail)
+        if fields.get("type") not in OVERSIZED_KINDS or not self.ingest(fields, now):
+            self.count_malformed()
 
     def count_malformed(self) -> None:
         """A message that is no event (also called for bodies too large to be read at all)."""
         self.malformed += 1
 
-    def ingest(self, event: Any, now: float) -> None:
-        try:
-            kind = event["type"]
-            hostname = event["hostname"]
-        except (TypeError, KeyError):
-            self.malformed += 1
-            return
-        if not isinstance(kind, str) or not isinstance(hostname, str):
-            self.malformed += 1
-            return
-        self.events_consumed += 1
+    def ingest(self, event: Any, now: float) -> bool:
+        """Account one decoded event; False (and nothing changed) when it is not a well-formed event."""
+        if not isinstance(event, dict):
+            return False
+        kind, hostname = event.get("type"), event.get("hostname")
+        if not _is_label(kind) or not _is_label(hostname):
+            return False
         if kind.startswith("task-"):
+            uuid, name = event.get("uuid"), event.get("name")
+            if not (uuid is None or _is_label(uuid)) or not (name is None or _is_label(name)):
+                return False
+            self.events_consumed += 1
             self._task_event(kind[5:], event, hostname, now)
         elif kind.startswith("worker-"):
+            self.events_consumed += 1
             self._worker_event(kind[7:], event, worker_of(hostname), now)
         else:
+            self.events_consumed += 1
             self.dropped += 1
+        return True
 
     def _task_event(self, kind: str, event: dict[str, Any], hostname: str, now: float) -> None:
         if kind not in TASK_EVENT_KINDS:
@@ -130,7 +180,7 @@ class ServiceMetrics:
             return  # a late event of a deleted pod: its series stay gone
         if worker != GENERIC_WORKER:
             self.last_heard[worker] = now
-        exception = exception_class(str(event.get("exception", ""))) if kind in WITH_EXCEPTION else ""
+        exception = exception_class(_text(event.get("exception"))) if kind in WITH_EXCEPTION else ""
         key = (kind, task, worker, exception)
         counters = self.counters
         if key in counters:
@@ -140,7 +190,7 @@ class ServiceMetrics:
             self._series_of[worker].add(("counter", key))
         if kind == "succeeded":
             runtime = event.get("runtime")
-            if isinstance(runtime, (int, float)):
+            if _is_duration(runtime):
                 self._observe_runtime((task, worker), float(runtime))
         if uuid and kind in ("succeeded", "failed", "rejected", "revoked"):
             self._task_names.pop(uuid, None)  # done: no later event of it needs the name
@@ -161,7 +211,7 @@ class ServiceMetrics:
             self.worker_up[worker] = 1
             self.last_heard[worker] = now
             active = event.get("active")
-            if isinstance(active, int):
+            if isinstance(active, int) and not isinstance(active, bool) and active >= 0:
                 self.worker_active[worker] = active
         elif kind == "offline":
             self.worker_up[worker] = 0

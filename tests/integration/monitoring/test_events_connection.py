@@ -5,6 +5,7 @@ consumer or drops the connection, refused logins, TLS with host-name verificatio
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import pathlib
 import shutil
@@ -17,6 +18,7 @@ from typing import Any
 
 import amqp
 import pytest
+from celery.events.event import Event
 from kombu.connection import Connection
 
 from celery_event_operator import certs, naming
@@ -150,14 +152,33 @@ def test_events_garbage_and_oversized_bodies_are_counted_exactly(running: Runnin
         *garbage,
         oversized,
         *(received_event(n) for n in range(50, 60)),
+        failed_with_long_traceback("u3"),
     )
     metrics = running.metrics[SERVICE]
     eventually(
-        lambda: metrics.malformed == len(garbage) + 1 and running.received() == 60,
+        lambda: metrics.malformed == len(garbage) + 1 and running.received() == 60 and metrics.events_consumed == 61,
         timeout=10,
-        message=f"not counted exactly: {metrics.malformed} malformed, {running.received()} received",
+        message=f"not counted exactly: {metrics.malformed} malformed, {metrics.events_consumed} consumed",
     )
-    assert metrics.events_consumed == 60
+    # Issue #12, finding 6: a legitimate failure with a traceback over the size limit is a failure.
+    assert metrics.counters[("failed", "orders.created", "billing-worker-a", "ValueError")] == 1
+
+
+def failed_with_long_traceback(uuid: str) -> bytes:
+    """A task-failed as Celery's dispatcher sends it, its traceback several times the size limit."""
+    traceback = "Traceback (most recent call last):\n" + '  File "app.py", line 1, in "x"\n' * 20_000
+    event = Event(
+        "task-failed",
+        uuid=uuid,
+        exception="ValueError('card declined')",
+        traceback=traceback,
+        hostname="celery@billing-worker-a",
+        utcoffset=0,
+        pid=7,
+        clock=12,
+    )
+    assert len(json.dumps(event)) > 4 * MAX_EVENT_BYTES
+    return json.dumps(event).encode()
 
 
 def test_hostile_bodies_never_stop_the_consumer(running: Running, test_vhost_url: str) -> None:
@@ -165,12 +186,13 @@ def test_hostile_bodies_never_stop_the_consumer(running: Running, test_vhost_url
     hostile = [
         b"[" * 30000 + b"]" * 30000,  # RecursionError in json.loads
         b'{"type": "task-received", "hostname": "celery@w1", "uuid": ["a"], "name": "t"}',  # TypeError
-        b'{"type": "task-succeeded", "hostname": "celery@w1", "uuid": "x", "runtime": {"a": 1}}',
+        b'{"type": "task-succeeded", "hostname": "celery@w1", "uuid": "x", "runtime": {"a": 1}}',  # counted, not timed
         b'{"type": ["task-received"], "hostname": {"h": 1}}',
     ]
     publish(test_vhost_url, *(body for n in range(10) for body in (received_event(n), *hostile)))
     eventually(lambda: running.received() == 10, timeout=10, message=f"good events lost: {running.received()}")
     assert running.subscriptions[SERVICE].connected
+    eventually(lambda: running.metrics[SERVICE].malformed == 10 * 3, timeout=5, message="hostile bodies not counted")
     publish(test_vhost_url, received_event(99))
     eventually(lambda: running.received() == 11, timeout=5, message="the consumer stopped after hostile bodies")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 from typing import Any
 
 import pytest
@@ -103,7 +105,7 @@ def test_workers_up_active_and_offline() -> None:
 def test_malformed_messages_are_counted_and_skipped(body: bytes) -> None:
     metrics = state.ServiceMetrics("shop", "billing")
     metrics.ingest_message(body, 1.0)
-    assert metrics.malformed >= 1
+    assert metrics.malformed == 1
     assert metrics.counters == {}
     metrics.ingest_message(json.dumps(event("task-received", uuid="t", name="n")).encode(), 1.0)
     assert metrics.counters == {("received", "n", "pod-a", ""): 1}
@@ -160,3 +162,105 @@ def test_removing_a_service_removes_its_series() -> None:
     registry.service("shop", "billing").ingest(event("worker-heartbeat"), 1.0)
     registry.remove("shop", "billing")
     assert not [key for key in samples(registry) if dict(key[1]).get("service_name") == "billing"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"[" * 30000 + b"]" * 30000, id="deep-nesting"),
+        pytest.param(b'{"type": "task-received", "hostname": "celery@w1", "uuid": ["a"], "name": "t"}', id="uuid-list"),
+        pytest.param(
+            b'{"type": "task-received", "hostname": "celery@w1", "uuid": "a", "name": {"x": 1}}', id="name-dict"
+        ),
+        pytest.param(b'{"type": "task-received", "hostname": "' + b"h" * 5000 + b'"}', id="huge-hostname"),
+        pytest.param(b'[{"type": "task-received", "hostname": "celery@w1"}, 1, 2, 3, "x"]', id="list-mixed"),
+        pytest.param(b"[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]", id="list-of-numbers"),
+        pytest.param(b"null", id="null"),
+    ],
+)
+def test_a_hostile_body_counts_once_as_malformed_and_changes_no_series(body: bytes) -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    metrics.ingest_message(body, 1.0)
+    assert metrics.malformed == 1
+    assert all(key[1] != "t" for key in metrics.counters)
+
+
+@pytest.mark.parametrize("runtime", ["NaN", "Infinity", "-Infinity", "-1", '"1.5"', "true", "[1]"])
+def test_a_runtime_that_is_no_duration_counts_the_task_but_is_not_observed(runtime: str) -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    body = '{"type": "task-succeeded", "hostname": "celery@pod-a", "uuid": "u", "name": "n", "runtime": '
+    body += runtime + "}"
+    metrics.ingest_message(body.encode(), 1.0)
+    metrics.ingest_message(json.dumps(event("task-succeeded", uuid="v", name="n", runtime=0.5)).encode(), 1.0)
+    assert metrics.counters[("succeeded", "n", "pod-a", "")] == 2
+    assert metrics.runtime_sum[("n", "pod-a")] == 0.5
+    assert sum(metrics.runtime_buckets[("n", "pod-a")]) == 1
+
+
+def test_an_oversized_task_failed_counts_as_a_failure_from_its_head_and_tail() -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    metrics.ingest_message(json.dumps(event("task-received", uuid="u1", name="orders.charge")).encode(), 1.0)
+    failed = event("task-failed", uuid="u1", exception="PaymentDeclined('card')")
+    failed["traceback"] = 'Traceback:\n  raise "x"\n' * 20_000  # quotes inside: escaped in the JSON text
+    failed["pid"] = 7
+    body = json.dumps(failed).encode()
+    assert len(body) > 2 * state.MAX_EVENT_BYTES
+    metrics.ingest_oversized(body[:32768], body[-32768:], len(body), 1.0)
+    assert metrics.counters[("failed", "orders.charge", "pod-a", "PaymentDeclined")] == 1
+    assert metrics.malformed == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b'{"type": "task-received", "pad": "' + b"x" * 200_000 + b'"}', id="not-a-failure"),
+        pytest.param(b'{"pad": "' + b'\\"type\\": \\"task-failed\\"' * 10_000 + b'"}', id="fields-inside-a-string"),
+        pytest.param(b"x" * 200_000, id="no-json"),
+    ],
+)
+def test_other_oversized_bodies_are_malformed(body: bytes) -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    metrics.ingest_oversized(body[:32768], body[-32768:], len(body), 1.0)
+    assert (metrics.malformed, metrics.counters) == (1, {})
+
+
+def test_fuzzed_bodies_interleaved_with_good_events_never_raise_and_good_events_count_exactly() -> None:
+    """Every field of a good event replaced by values of every wrong type, sent between good events."""
+    rng = random.Random(12)
+    hostile_values: list[Any] = [
+        None,
+        True,
+        -1,
+        2**70,
+        1.5,
+        float("nan"),
+        float("inf"),
+        "",
+        "x" * 100_000,
+        [],
+        [[[]]],
+        {},
+        {"a": [1]},
+        "celery@",
+        "@",
+        "task-",
+        "worker-",
+    ]
+    template = event("task-succeeded", uuid="u", name="fuzzed", runtime=0.1, active=1, exception="E('x')")
+    metrics = state.ServiceMetrics("shop", "billing")
+    good = 0
+    for round_ in range(2_000):
+        mutated = dict(template)
+        for field in rng.sample(sorted(template), rng.randint(1, 3)):
+            mutated[field] = rng.choice(hostile_values)
+        text = json.dumps(mutated if rng.random() < 0.8 else [mutated, mutated])
+        if rng.random() < 0.1:
+            text = text[: rng.randrange(len(text))]  # cut short
+        metrics.ingest_message(text.encode(), 1.0)
+        metrics.ingest_message(json.dumps(event("task-received", uuid=f"g{round_}", name="good")).encode(), 1.0)
+        good += 1
+    assert metrics.counters[("received", "good", "pod-a", "")] == good
+    assert all(math.isfinite(total) for total in metrics.runtime_sum.values())
+    assert all(
+        len(key[1]) <= state.MAX_LABEL_CHARS and len(key[2]) <= state.MAX_LABEL_CHARS for key in metrics.counters
+    )
