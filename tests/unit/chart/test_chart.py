@@ -3,6 +3,7 @@ Kubernetes schemas (kubernetes-validate, strict) of the oldest and newest suppor
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -11,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from celery_event_operator import cli
 from celery_event_operator.api import crd
 from celery_event_operator.kubeapi import API_CALLS
 from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
@@ -43,6 +45,7 @@ VALUE_SETS = [
     ),
     pytest.param({"watchNamespaces": ["shop", "billing"]}, id="namespaced"),
     pytest.param({"crds": {"enabled": False}}, id="no-crds"),
+    pytest.param({"sharding": {"shards": 3}}, id="sharded"),
     pytest.param(
         {
             "verbose": True,
@@ -112,6 +115,9 @@ def test_operator_pod_is_hardened() -> None:
         pytest.param({"crds": {"enable": True}}, id="misspelt-nested-key"),
         pytest.param({"watchNamespaces": ["Not_A_Namespace"]}, id="bad-namespace"),
         pytest.param({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, id="bad-pull-policy"),
+        pytest.param({"sharding": {"shards": 0}}, id="no-shards"),
+        pytest.param({"resources": {"limits": {"memory": "lots"}}}, id="bad-quantity"),
+        pytest.param({"resources": {"limit": {"memory": "1Gi"}}}, id="misspelt-resources"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(values: dict[str, Any]) -> None:
@@ -202,3 +208,33 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
     exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
     used = set(re.findall(r"\b(celery_[a-z_]+)", " ".join(alerts.values())))
     assert used <= exported, f"alerts on metrics nobody exports: {used - exported}"
+
+
+def test_sharded_install_runs_one_operator_per_shard_behind_the_same_services() -> None:
+    documents = render({"sharding": {"shards": 3}})
+    deployments = [d for d in documents if d["kind"] == "Deployment"]
+    assert [d["metadata"]["name"] for d in deployments] == [f"ceo-celery-event-operator-shard-{i}" for i in range(3)]
+    selectors = [d["spec"]["selector"]["matchLabels"] for d in deployments]
+    for index, deployment in enumerate(deployments):
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        owned = [i for i, selector in enumerate(selectors) if selector.items() <= pod_labels.items()]
+        assert owned == [index], "each Deployment selects its own pods only"
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert {f"--shard-index={index}", "--shard-count=3"} <= set(args)
+        parsed = cli.build_parser().parse_args(args)  # the CLI accepts exactly what the chart passes
+        assert (parsed.shard_index, parsed.shard_count) == (index, 3)
+        for service in (d for d in documents if d["kind"] == "Service"):
+            assert service["spec"]["selector"].items() <= pod_labels.items(), "every shard serves webhook and metrics"
+    [unsharded] = [d for d in render({}) if d["kind"] == "Deployment"]
+    assert unsharded["metadata"]["name"] == "ceo-celery-event-operator", "an upgrade keeps the Deployment"
+    assert not any(arg.startswith("--shard") for arg in unsharded["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_every_value_is_described_in_the_schema() -> None:
+    def undescribed(node: dict[str, Any], path: str) -> list[str]:
+        missing = [] if "description" in node or not path else [path]
+        for key, child in node.get("properties", {}).items():
+            missing += undescribed(child, f"{path}.{key}")
+        return missing
+
+    assert undescribed(json.loads((CHART / "values.schema.json").read_text()), "") == []
