@@ -14,7 +14,7 @@ kmock 0.8 stores and serves objects, but a real `kopf run` and `kubectl` need mo
 
 This subclass keeps kmock's storage, discovery, routing and error rendering, and replaces the
 object lifecycle (create/patch/replace/delete/list/watch) with one that does the above the way the
-real API server does. It relies on kmock internals, hence the exact pin of kmock in pyproject.
+real API server does. What it takes from kmock's internals is confined to kmock_internals.py (exact pin in pyproject).
 What it still does not emulate: admission (webhooks, schema validation, CEL), owner-reference
 garbage collection, strategic merge (treated as a JSON merge patch), and the `scale` subresource.
 """
@@ -34,9 +34,9 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
-from kmock._internal.aiobus import Bus
 
-from celery_event_devcluster import jsonpatch, printing
+from celery_event_devcluster import jsonpatch, kmock_internals, printing
+from celery_event_devcluster.kmock_internals import Bus
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 SECRET_RESOURCE = kmock.resource("", "v1", "secrets")
@@ -135,6 +135,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     _revision: int = attrs.field(default=0, init=False)
     _crds: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    # Our own lock over the object store: every object request is served by this class, none by kmock's.
+    _store_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -148,16 +150,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         try:
             return await super().__call__(raw_request)
         finally:
-            # kmock keeps every request for assertions and re-scans them on each new one; an API
-            # server for an operator that runs for hours must forget them.
-            self._requests.clear()
-            for payload in self._payloads:
-                payload._requests.clear()
+            kmock_internals.forget_served_requests(self)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Objects are served here; discovery and anything else by kmock's reactions."""
         if request.resource is None or request.resource.plural is None:
-            return await super()._handle(request)
+            return await kmock_internals.serve_by_kmock(self, request)
         if request.action == kmock.action.WATCH:
             return await self._watch(request)
         if request.subresource == "scale" and request.name is not None:
@@ -186,7 +184,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return self.objects[key]
 
     def _bus(self, request: kmock.Request) -> Bus[Any]:
-        return self._buses[_resource_of(request)]
+        return kmock_internals.change_bus(self, _resource_of(request))
 
     def _keep_only_latest(self, obj: kmock.Object) -> None:
         # kmock keeps every version of every object; the latest is all the API serves.
@@ -203,7 +201,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
         if not meta.get("name"):
             raise UnprocessableEntityError(status=422, reason="Invalid", message="metadata.name is required")
-        async with self._lock:
+        async with self._store_lock:
             key = _object_key(request, meta.get("namespace"), meta["name"])
             if key in self.objects and not self.objects[key].deleted:
                 raise kmock.KubernetesError(
@@ -230,7 +228,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _update(self, request: kmock.Request) -> dict[str, Any]:
         content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
-        async with self._lock:
+        async with self._store_lock:
             obj = self._stored(request)
             current = copy.deepcopy(obj.raw)
             try:
@@ -298,7 +296,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return resource in self.resources and "status" in self.resources[resource].subresources
 
     async def _delete(self, request: kmock.Request) -> dict[str, Any]:
-        async with self._lock:
+        async with self._store_lock:
             obj = self._stored(request)
             body: dict[str, Any] = copy.deepcopy(obj.raw)
             meta = body["metadata"]
@@ -352,10 +350,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _scale(self, request: kmock.Request) -> dict[str, Any]:
         """GET, PATCH and PUT of /scale: a Scale view of spec.replicas, as the API server serves it."""
         if request.method == kmock.method.GET:
-            async with self._lock:
+            async with self._store_lock:
                 return self._scale_view(request, copy.deepcopy(self._stored(request).raw))
         content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
-        async with self._lock:
+        async with self._store_lock:
             obj = self._stored(request)
             current = copy.deepcopy(obj.raw)
             view = self._scale_view(request, current)
@@ -491,7 +489,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _list(self, request: kmock.Request) -> dict[str, Any]:
         if request.resource not in self.resources:
             raise kmock.KubernetesResourceNotFoundError()
-        async with self._lock:
+        async with self._store_lock:
             items = self._select(request)
             revision = str(self._revision)
         api_version, kind = self._api_version_and_kind(request)
@@ -505,7 +503,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         }
 
     async def _fetch(self, request: kmock.Request) -> dict[str, Any]:
-        async with self._lock:
+        async with self._store_lock:
             body: dict[str, Any] = copy.deepcopy(self._stored(request).raw)
         if self._wants_table(request):
             return printing.table([body], self._printer_columns(request), str(self._revision))
@@ -513,10 +511,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Stream JSON lines: the objects changed since `resourceVersion`, then live events."""
-        assert request._raw_request is not None, "served requests always carry the aiohttp request"
         since = int(request.params.get("resourceVersion") or 0)
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
-        async with self._lock:
+        async with self._store_lock:
             marker = await self._bus(request).mark()
             # Without a resourceVersion a watch starts with the whole state; with one, it replays what
             # changed since (deletions in between are not replayed: the emulator keeps no history).
@@ -526,7 +523,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if int(obj["metadata"].get("resourceVersion", 0)) > since
             ]
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request._raw_request)
+        await response.prepare(kmock_internals.aiohttp_request(request))
         try:
             for event in backlog:
                 await response.write(json.dumps(event).encode() + b"\n")
