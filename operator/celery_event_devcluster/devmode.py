@@ -12,12 +12,12 @@ from typing import Any
 
 import kopf
 
-import celery_event_operator.handlers  # noqa: F401  (registers the handlers)
 from celery_event_devcluster import sample_worker
 from celery_event_devcluster.manifests import create_all, load_documents
 from celery_event_devcluster.server import serve, write_kubeconfig
 from celery_event_operator.api import crd
 from celery_event_operator.cli import DEFAULT_EXAMPLES
+from celery_event_operator.handlers import admission  # importing the handlers registers them
 from celery_event_operator.options import OperatorOptions
 
 
@@ -72,6 +72,8 @@ async def main(
     verbose: bool,
     with_sample_worker: bool = True,
 ) -> int:
+    if options.webhook is not None:
+        admission.register(kopf.get_default_registry())
     kopf.configure(verbose=verbose)
     # One access-log line per API request drowns the operator's own log.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -79,9 +79,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     import kopf
 
-    import celery_event_operator.handlers  # noqa: F401  (registers the handlers)
+    from celery_event_operator.handlers import admission  # importing the handlers registers them
 
     options = _options(args)
+    if options.webhook is not None:
+        admission.register(kopf.get_default_registry())
     kopf.configure(verbose=args.verbose)
     kopf.run(
         standalone=True,  # one replica (the chart's Deployment uses Recreate): no peering objects needed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
@@ -116,6 +117,21 @@ def test_delete_completes_within_seconds(kube_api: EmulatedApi, operator: Operat
     eventually(gone, timeout=10, message="the resource was not removed")
     assert time.monotonic() - started < 10
     assert operator.alive()
+
+
+def test_without_the_webhook_the_operator_runs_its_other_handlers(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: Any
+) -> None:
+    """Issue #15: `--webhook-port 0` (the chart's webhook.enabled=false) exited at once with code 1."""
+    process = OperatorProcess(kube_api.kubeconfig, tmp_path / "no-webhook.log", webhook=False).start()
+    try:
+        kube_api.client.create(CES.format(ns="default"), sample())
+        eventually(lambda: ready_condition(kube_api).get("status") == "True", message="billing never became Ready")
+        assert process.alive()
+        with pytest.raises(ConnectionRefusedError):  # nothing listens for admission reviews
+            socket.create_connection(("127.0.0.1", process.webhook_port), timeout=1).close()
+    finally:
+        process.stop()
 
 
 def test_namespaced_operator_ignores_other_namespaces(

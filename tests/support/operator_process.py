@@ -42,6 +42,7 @@ class OperatorProcess:
         *extra_args: str,
         resync_seconds: float = 2.0,
         verbose: bool = True,
+        webhook: bool = True,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.verbose = verbose
@@ -54,6 +55,12 @@ class OperatorProcess:
         )
         self.metrics_port = free_port()
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        webhook_args = [
+            *("--webhook-port", str(self.webhook_port), "--webhook-addr", "127.0.0.1"),
+            *("--webhook-cert", str(self.webhook_cert), "--webhook-key", str(webhook_key)),
+        ]
+        if not webhook:
+            webhook_args = ["--webhook-port", "0"]  # what the chart passes with webhook.enabled=false
         self.extra_args = (
             *extra_args,
             "--resync-seconds",
@@ -62,14 +69,7 @@ class OperatorProcess:
             str(self.metrics_port),
             "--metrics-addr",
             "127.0.0.1",
-            "--webhook-port",
-            str(self.webhook_port),
-            "--webhook-addr",
-            "127.0.0.1",
-            "--webhook-cert",
-            str(self.webhook_cert),
-            "--webhook-key",
-            str(webhook_key),
+            *webhook_args,
         )
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -1,7 +1,9 @@
 """The mutating admission webhook: worker pods of a service get its settings injected.
 
 It never blocks pod creation: the webhook configuration says failurePolicy Ignore with a short
-timeout, and a pod of an unknown service is admitted unchanged with a warning.
+timeout, and a pod of an unknown service is admitted unchanged with a warning. The handlers are
+registered only by an operator that serves the webhook (`register`): kopf refuses to start with
+admission handlers and no server, and without the webhook pods are configured through the runtime.
 """
 
 from __future__ import annotations
@@ -39,14 +41,12 @@ def _injection(body: kopf.Body) -> pod.Injection | None:
     )
 
 
-@kopf.index(GROUP, VERSION, PLURAL)
 def injections(body: kopf.Body, namespace: str | None, **_: Any) -> dict[tuple[str | None, str], pod.Injection]:
     """(namespace, serviceName) → what its pods get; invalid services are not indexed."""
     found = _injections_by_generation.get(body, lambda: _injection(body))
     return {} if found is None else {(namespace, found.service): found}
 
 
-@kopf.on.mutate("v1", "pods", id=WEBHOOK_ID, operation="CREATE", labels={settings.SERVICE_LABEL: kopf.PRESENT})
 def inject_settings(
     body: kopf.Body,
     patch: kopf.Patch,
@@ -70,3 +70,16 @@ def inject_settings(
     patch.spec["volumes"] = changes.volumes
     for key, value in changes.annotations.items():
         patch.metadata.annotations[key] = value
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """The index of what each service injects and the pod webhook that uses it."""
+    kopf.index(GROUP, VERSION, PLURAL, registry=registry)(injections)
+    kopf.on.mutate(
+        "v1",
+        "pods",
+        id=WEBHOOK_ID,
+        operation="CREATE",
+        labels={settings.SERVICE_LABEL: kopf.PRESENT},
+        registry=registry,
+    )(inject_settings)
