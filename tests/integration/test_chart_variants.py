@@ -1,0 +1,189 @@
+"""Every variant of the chart actually starts: the operator runs with exactly what the rendered Deployment
+gives it, and the chart keeps its webhook certificate across upgrades (Helm `lookup` against the emulated API).
+
+What cannot exist here and is stood in for, per variant: the kubelet (the test starts the container's
+command itself, with the rendered args; each volume is a directory in place of its mountPath, and the args
+are rewritten to point there), in-cluster credentials (KUBECONFIG to the emulated API is the only env the
+manifest does not give), and cert-manager or the user for a webhook Secret the chart does not render (the
+test issues a certificate for the Service's DNS names, as they would).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import pathlib
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from celery_event_operator import certs
+from tests.conftest import REPO
+from tests.support.kube import EmulatedApi
+from tests.support.operator_process import admission_review
+from tests.support.waiting import eventually, stays
+from tests.unit.chart.test_chart import VALUE_SETS
+
+CHART = REPO / "charts" / "celery-event-operator"
+RELEASE, NAMESPACE = "ceo", "operators"
+EXPIRES = "celeryevents.io/certificate-expires-unix"
+
+
+def render(values: dict[str, Any], cluster: EmulatedApi | None = None) -> list[dict[str, Any]]:
+    chart = helm.Chart.load(CHART)
+    if cluster is None:
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    else:  # cluster-aware: `lookup` reads the emulated API
+        with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as config:
+            rendered = config.render(chart, values, name=RELEASE, namespace=NAMESPACE, is_upgrade=True)
+    return [doc for text in rendered.values() for doc in yaml.safe_load_all(text) if doc]
+
+
+def of_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in documents if d["kind"] == kind]
+
+
+class _PinnedHttps(http.client.HTTPSConnection):
+    """HTTPS to 127.0.0.1 that verifies the certificate for `host`, as the API server does for the Service."""
+
+    def connect(self) -> None:
+        sock = socket.create_connection(("127.0.0.1", self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def _mount(volume: dict[str, Any], secrets: dict[str, dict[str, str]], directory: pathlib.Path) -> None:
+    directory.mkdir(parents=True)
+    if "secret" in volume:
+        for key, value in secrets[volume["secret"]["secretName"]].items():
+            (directory / key).write_bytes(base64.b64decode(value))
+
+
+def _webhook_secrets(documents: list[dict[str, Any]], tmp_path: pathlib.Path) -> tuple[dict[str, dict[str, str]], str]:
+    """The data of every Secret a pod mounts, and the CA that verifies the webhook (base64 PEM)."""
+    rendered = {s["metadata"]["name"]: s["data"] for s in of_kind(documents, "Secret")}
+    configurations = of_kind(documents, "MutatingWebhookConfiguration")
+    if not configurations:
+        return rendered, ""
+    service = configurations[0]["webhooks"][0]["clientConfig"]["service"]
+    ca_bundle = configurations[0]["webhooks"][0]["clientConfig"].get("caBundle", "")
+    for deployment in of_kind(documents, "Deployment"):
+        for volume in deployment["spec"]["template"]["spec"]["volumes"]:
+            name = volume.get("secret", {}).get("secretName")
+            if name and name not in rendered:  # cert-manager's or the user's: issue one for the Service
+                dns = f"{service['name']}.{service['namespace']}.svc"
+                cert, key = certs.self_signed(tmp_path / "issued", [dns])
+                pem = base64.b64encode(cert.read_bytes()).decode()
+                rendered[name] = {"tls.crt": pem, "tls.key": base64.b64encode(key.read_bytes()).decode()}
+                ca_bundle = pem
+    return rendered, ca_bundle
+
+
+def _start(
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    secrets: dict[str, dict[str, str]],
+    tmp_path: pathlib.Path,
+    kubeconfig: pathlib.Path,
+) -> subprocess.Popen[bytes]:
+    by_name = {volume["name"]: volume for volume in volumes}
+    args = list(container["args"])
+    for mount in container.get("volumeMounts", []):
+        directory = tmp_path / "mounts" / mount["name"]
+        _mount(by_name[mount["name"]], secrets, directory)
+        args = [arg.replace(mount["mountPath"], str(directory)) for arg in args]
+    env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env |= {item["name"]: item["value"] for item in container.get("env", [])}
+    log = (tmp_path / "operator.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery_event_operator.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_rendered_operator_starts_and_serves_its_probes_and_webhook(
+    values: dict[str, Any], kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    documents = render(values)
+    secrets, ca_bundle = _webhook_secrets(documents, tmp_path)
+    for index, deployment in enumerate(of_kind(documents, "Deployment")):  # one at a time: the same ports
+        pod = deployment["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        process = _start(container, pod["volumes"], secrets, tmp_path / f"pod-{index}", kube_api.kubeconfig)
+        try:
+            _probe(process, container, documents, ca_bundle)
+        except BaseException:
+            print((tmp_path / f"pod-{index}" / "operator.log").read_text(errors="replace")[-5000:])
+            raise
+        finally:
+            process.terminate()
+            process.wait(15)
+
+
+def _probe(
+    process: subprocess.Popen[bytes], container: dict[str, Any], documents: list[dict[str, Any]], ca_bundle: str
+) -> None:
+    """What the kubelet and the API server ask of the pod: liveness, /metrics, and the webhook where enabled."""
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    probe = container["livenessProbe"]["httpGet"]
+    eventually(
+        lambda: _answers(f"http://127.0.0.1:{ports[probe['port']]}{probe['path']}"),
+        timeout=30,
+        message="no liveness answer",
+    )
+    stays(lambda: process.poll() is None, seconds=2, message="the operator exited")
+    assert _answers(f"http://127.0.0.1:{ports['metrics']}/metrics")
+    configurations = of_kind(documents, "MutatingWebhookConfiguration")
+    if not configurations:
+        assert "webhook" not in ports
+        return
+    service = configurations[0]["webhooks"][0]["clientConfig"]["service"]
+    [manifest] = [s for s in of_kind(documents, "Service") if s["metadata"]["name"] == service["name"]]
+    [target] = [p["targetPort"] for p in manifest["spec"]["ports"] if p["port"] == service["port"]]
+    context = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
+    connection = _PinnedHttps(
+        f"{service['name']}.{service['namespace']}.svc", ports[target], context=context, timeout=10
+    )
+    worker = {
+        "metadata": {"name": "w", "labels": {"celeryevents.io/service": "billing"}},
+        "spec": {"containers": [{"name": "worker", "image": "app"}]},
+    }
+    connection.request(
+        "POST", service["path"], json.dumps(admission_review(worker)), {"Content-Type": "application/json"}
+    )
+    answer = json.loads(connection.getresponse().read())
+    assert answer["response"]["allowed"] is True
+
+
+def test_the_generated_webhook_certificate_survives_upgrades(kube_api: EmulatedApi) -> None:
+    """Issue #15: a new CA on every `helm upgrade` opened a window in which pods were admitted unconfigured."""
+    [installed] = of_kind(render({}), "Secret")
+    kube_api.client.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", installed)
+    upgraded = render({}, cluster=kube_api)
+    [secret] = of_kind(upgraded, "Secret")
+    assert secret["data"] == installed["data"], "the upgrade kept the certificate"
+    [configuration] = of_kind(upgraded, "MutatingWebhookConfiguration")
+    assert configuration["webhooks"][0]["clientConfig"]["caBundle"] == installed["data"]["ca.crt"]
+
+    soon = str(int(time.time()) + 10 * 86400)
+    path = f"/api/v1/namespaces/{NAMESPACE}/secrets/{installed['metadata']['name']}"
+    kube_api.client.merge_patch(path, {"metadata": {"annotations": {EXPIRES: soon}}})
+    [renewed] = of_kind(render({}, cluster=kube_api), "Secret")
+    assert renewed["data"]["ca.crt"] != installed["data"]["ca.crt"], "within 30 days of expiry: a new certificate"
+    assert int(renewed["metadata"]["annotations"][EXPIRES]) > time.time() + 3000 * 86400
