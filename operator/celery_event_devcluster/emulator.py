@@ -16,7 +16,8 @@ This subclass keeps kmock's storage, discovery, routing and error rendering, and
 object lifecycle (create/patch/replace/delete/list/watch) with one that does the above the way the
 real API server does. What it takes from kmock's internals is confined to kmock_internals.py (exact pin in pyproject).
 What it still does not emulate: admission (webhooks, schema validation, CEL), owner-reference
-garbage collection, strategic merge (treated as a JSON merge patch), and the `scale` subresource.
+garbage collection, strategic merge (treated as a JSON merge patch), and PodDisruptionBudgets (an
+eviction always deletes the pod).
 """
 
 from __future__ import annotations
@@ -160,6 +161,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await self._watch(request)
         if request.subresource == "scale" and request.name is not None:
             return aiohttp.web.json_response(await self._scale(request))
+        if request.subresource == "eviction" and request.name is not None and request.method == kmock.method.POST:
+            # The Eviction API without PodDisruptionBudgets (none are emulated): the pod is deleted.
+            await self._delete(request)
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Success"}, status=201)
         if request.action == kmock.action.CREATE:
             return aiohttp.web.json_response(await self._create(request), status=201)
         if request.name is None:

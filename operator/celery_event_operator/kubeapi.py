@@ -44,6 +44,8 @@ API_CALLS = (
     # pods for the metrics (a deleted pod's series go at once)
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    # healing: a pod that runs without the current settings is evicted (PodDisruptionBudgets hold)
+    ("", "pods/eviction", "create"),
     # autoscaling and spec.workers.replicas: the workers' replicas through /scale
     ("apps", "deployments/scale", "get"),
     ("apps", "deployments/scale", "patch"),
@@ -139,6 +141,20 @@ class KubeApi:
             for pod in pods.items
             if pod.metadata is not None and pod.metadata.deletion_timestamp is None
         ]
+
+    def evict_pod(self, namespace: str, name: str) -> bool:
+        """Evict through the Eviction API: True when evicted (or already gone), False when a
+        PodDisruptionBudget refuses it now (HTTP 429)."""
+        body: Any = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=10)
+        except ApiException as exc:
+            if exc.status == 429:
+                return False
+            if exc.status == 404:
+                return True
+            raise KubeError(f"cannot evict pod {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
+        return True
 
     def read_scale(self, namespace: str, kind: str, name: str) -> tuple[int, int] | None:
         """(desired, running) replicas of a Deployment or StatefulSet; None when it does not exist."""

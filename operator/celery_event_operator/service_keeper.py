@@ -26,6 +26,7 @@ from celery_event_operator.broker.address import ManagementURLRejectedError
 from celery_event_operator.broker.brokers import Broker, Brokers
 from celery_event_operator.broker.secret import BrokerSettings, SecretReader
 from celery_event_operator.errors import BrokerSecretError, InvalidSpecError, KubeError
+from celery_event_operator.injection import healing
 from celery_event_operator.injection import workers as injection
 from celery_event_operator.injection.outcome import Outcome as WorkersOutcome
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
@@ -103,6 +104,7 @@ class ServiceKeeper:
         self._service: str | None = None
         self._workers: tuple[int | None, float, WorkersOutcome] | None = None  # generation, when, outcome
         self._scaler = queue_status.ScalerMemory()
+        self._healing = healing.HealingMemory()
         self._monitoring_announced = False
         self._swept_at = time.monotonic()
         self._refreshed_at: float | None = None  # the last status pass
@@ -132,7 +134,9 @@ class ServiceKeeper:
             outcome = Outcome(topology, failure=failure[0], failure_message=failure[1])
         else:
             outcome = await declaring.declare(broker, topology, previous)
-        workers = await self._workers_outcome(body, validated, pods)
+        workers = dataclasses.replace(
+            await self._workers_outcome(body, validated, pods), heal_after_seconds=self._heal_after(validated)
+        )
         decision = service_status.conclude(body, outcome, _now(), workers, self._conditions)
         ready = conditions.find(decision.status_patch.get("conditions", []), conditions.READY) or {}
         self.context.metrics.count_reconcile(ready.get("status") == "True")
@@ -158,6 +162,7 @@ class ServiceKeeper:
             if broker is None:
                 return  # no usable broker settings: the reconcile reports why
             status, events = await self._counters(body, validated, topology, broker, pods)
+            events += await self._heal(validated, pods)
             if self._conditions is not None:
                 status["conditions"], monitoring_events = self._monitoring_conditions(
                     self._conditions, body, validated, broker
@@ -166,6 +171,41 @@ class ServiceKeeper:
             await self._write(body, status, {}, events)
             if broker.events.login_refused:
                 self.resync_requested.set()  # the Secret may have been rotated: read it again now
+
+    def _heal_after(self, validated: Validated) -> int | None:
+        """Seconds after which a pod without the current settings is evicted; None: never. Only an operator
+        that serves the webhook heals (without it, no pod carries the settings hash)."""
+        workers = validated.spec.workers
+        if self.context.options.webhook is None or workers is None or not workers.heal_unconfigured_pods:
+            return None
+        return workers.heal_after_seconds
+
+    async def _heal(self, validated: Validated, pods: ServicePods) -> tuple[EventNote, ...]:
+        """Evict the next pod that runs without the current settings, if one is due."""
+        heal_after, workers = self._heal_after(validated), validated.spec.workers
+        if heal_after is None or workers is None or self._workers is None:
+            return ()
+        step = healing.next_step(
+            self._healing,
+            pods(validated.service_name),
+            self._workers[2].config_hash,
+            heal_old=workers.rollout_on_change,
+            now=time.monotonic(),
+            grace_seconds=heal_after,
+        )
+        if step.evict is None:
+            return ()
+        try:
+            evicted = await self.context.kube.call(self.context.kube.api.evict_pod, self.namespace, step.evict)
+        except KubeError as exc:
+            healing.refused(self._healing)
+            self._logger.warning("%s", exc)
+            return ()
+        if not evicted:
+            healing.refused(self._healing)
+            self._logger.info("eviction of pod %s refused for now (a PodDisruptionBudget); trying again", step.evict)
+            return ()
+        return (EventNote("Normal", "PodEvicted", f"evicted pod {step.evict}: {step.why}"),)
 
     async def _counters(
         self,

@@ -152,7 +152,13 @@ def _workers(state: _Conditions, workers: injection.Outcome) -> None:
             WORKERS_CONFIGURED,
             "False",
             "RolloutPending",
-            f"{workers.pods_current}/{workers.pods} pods run with settings {workers.config_hash}",
+            f"{workers.pods_current}/{workers.pods} pods run with settings {workers.config_hash}"
+            + (
+                f"; the other {workers.pods - workers.pods_current} are evicted one at a time after "
+                f"{workers.heal_after_seconds} s without them"
+                if workers.heal_after_seconds is not None
+                else ""
+            ),
             announce=False,
         )
     else:

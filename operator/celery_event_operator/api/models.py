@@ -296,6 +296,19 @@ class Workers(Model):
         CelerySettings | None,
         Field(default=None, description=("Worker settings to tune; the rest is fixed by the operator.")),
     ] = None
+    heal_unconfigured_pods: Annotated[
+        bool,
+        Field(
+            description=(
+                "Evict (one at a time, through the Eviction API) a pod of this service that runs without the "
+                "injected settings, or with old ones when rolloutOnChange is true, once healAfterSeconds passed."
+            )
+        ),
+    ] = True
+    heal_after_seconds: Annotated[
+        int,
+        Field(ge=5, le=86_400, description="How long a pod may run without the current settings before it is evicted."),
+    ] = 120
 
 
 class Autoscaling(Model):

@@ -13,3 +13,4 @@ class Outcome:
     stamped: str | None = None  # "Deployment/name" when the rollout stamp was just set
     pods: int = 0
     pods_current: int = 0
+    heal_after_seconds: int | None = None  # pods without the current settings are evicted after this long
