@@ -190,6 +190,13 @@ class KubeApi:
             f"cannot patch the status of {namespace}/{name}",
         )
 
+    def list_services(self, namespace: str) -> list[dict[str, Any]]:
+        """Every CeleryEventService of a namespace (the webhook's short deadline: a short timeout)."""
+        with _reported(f"cannot list the CeleryEventServices of {namespace}"):
+            listed = self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _request_timeout=3)
+        items: list[dict[str, Any]] = listed.get("items") or [] if isinstance(listed, dict) else []
+        return items
+
     def read_service(self, namespace: str, name: str) -> dict[str, Any]:
         try:
             body = self._custom.get_namespaced_custom_object(

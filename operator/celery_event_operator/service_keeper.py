@@ -28,6 +28,7 @@ from celery_event_operator.broker.secret import BrokerSettings, SecretReader
 from celery_event_operator.errors import BrokerSecretError, InvalidSpecError, KubeError
 from celery_event_operator.injection import healing
 from celery_event_operator.injection import workers as injection
+from celery_event_operator.injection.catalog import InjectionCatalog
 from celery_event_operator.injection.outcome import Outcome as WorkersOutcome
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
 from celery_event_operator.monitoring.collector import MetricsRegistry, serve_metrics
@@ -65,13 +66,19 @@ class Context:
     secrets: SecretReader
     brokers: Brokers
     metrics: MetricsRegistry
+    injections: InjectionCatalog
 
     @classmethod
     def open(cls, options: OperatorOptions) -> Context:
         """The clients every keeper shares, and the /metrics server when it is wanted."""
         kube = AsyncKubeApi(KubeApi.from_environment())
         context = cls(
-            options=options, kube=kube, secrets=SecretReader(kube), brokers=Brokers(), metrics=MetricsRegistry()
+            options=options,
+            kube=kube,
+            secrets=SecretReader(kube),
+            brokers=Brokers(),
+            metrics=MetricsRegistry(),
+            injections=InjectionCatalog(kube),
         )
         if options.metrics_port:
             serve_metrics(context.metrics, options.metrics_port, options.metrics_addr)
