@@ -77,7 +77,7 @@ class Context:
             kube=kube,
             secrets=SecretReader(kube),
             brokers=Brokers(),
-            metrics=MetricsRegistry(),
+            metrics=MetricsRegistry(options.runtime_buckets, options.queue_wait_buckets),
             injections=InjectionCatalog(kube),
         )
         if options.metrics_port:

@@ -131,6 +131,9 @@ def test_real_workers_produce_exact_counters(
     assert value(found, "celery_task_retried_total", exception="ValueError", **task) == 1
     assert value(found, "celery_task_runtime_count", **task) == 4
     assert value(found, "celery_task_runtime_bucket", le="+Inf", **task) == 4
+    # every start: 6 from their sending, the 3 retries from their receipt (the retry level's delay is deliberate)
+    assert value(found, "celery_task_queue_wait_time_count", **task) == 9
+    assert value(found, "celery_task_queue_wait_time_bucket", le="+Inf", **task) == 9
     assert value(found, "celery_worker_up", hostname=pod_name) == 1
     assert value(found, "celery_queue_length", queue_name=QUEUE) == 0
     assert ("celery_event_operator_archive_queue_length", (("queue_name", "billing:archived"),)) in found

@@ -3,6 +3,7 @@ Kubernetes schemas (kubernetes-validate, strict) of the oldest and newest suppor
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from typing import Any
@@ -16,6 +17,7 @@ from celery_event_operator import cli
 from celery_event_operator.api import crd
 from celery_event_operator.kubeapi import API_CALLS
 from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
+from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 from tests.conftest import REPO
 
 CHART = REPO / "charts" / "celery-event-operator"
@@ -118,6 +120,8 @@ def test_operator_pod_is_hardened() -> None:
         pytest.param({"sharding": {"shards": 0}}, id="no-shards"),
         pytest.param({"resources": {"limits": {"memory": "lots"}}}, id="bad-quantity"),
         pytest.param({"resources": {"limit": {"memory": "1Gi"}}}, id="misspelt-resources"),
+        pytest.param({"metrics": {"runtimeBuckets": [0, 1]}}, id="zero-bucket"),
+        pytest.param({"metrics": {"queueWaitBuckets": ["1m"]}}, id="bucket-not-a-number"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(values: dict[str, Any]) -> None:
@@ -208,6 +212,18 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
     exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
     used = set(re.findall(r"\b(celery_[a-z_]+)", " ".join(alerts.values())))
     assert used <= exported, f"alerts on metrics nobody exports: {used - exported}"
+
+
+def test_histogram_buckets_reach_the_operator() -> None:
+    def parsed(values: dict[str, Any]) -> argparse.Namespace:
+        [deployment] = [d for d in render(values) if d["kind"] == "Deployment"]
+        return cli.build_parser().parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    chosen = parsed({"metrics": {"runtimeBuckets": [0.1, 1, 2.5, 600], "queueWaitBuckets": [1, 60, 3600]}})
+    assert chosen.runtime_buckets == (0.1, 1.0, 2.5, 600.0)
+    assert chosen.queue_wait_buckets == (1.0, 60.0, 3600.0)
+    defaults = parsed({})
+    assert (defaults.runtime_buckets, defaults.queue_wait_buckets) == (RUNTIME_BUCKETS, QUEUE_WAIT_BUCKETS)
 
 
 def test_sharded_install_runs_one_operator_per_shard_behind_the_same_services() -> None:
