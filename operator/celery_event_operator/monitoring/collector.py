@@ -145,6 +145,11 @@ class EventsCollector(Collector):
             "Messages on the events queue that were no Celery event (skipped).",
             labels=SERVICE_LABELS,
         )
+        consumer_up = GaugeMetricFamily(
+            "celery_event_operator_events_consumer_up",
+            "1 while the service's events consumer consumes; 0 while it is not (its series then stand still).",
+            labels=SERVICE_LABELS,
+        )
         dropped = CounterMetricFamily(
             "celery_event_operator_events_dropped", "Celery events of types no metric counts.", labels=SERVICE_LABELS
         )
@@ -180,9 +185,10 @@ class EventsCollector(Collector):
             consumed.add_metric(service, metrics.events_consumed)
             malformed.add_metric(service, metrics.malformed)
             dropped.add_metric(service, metrics.dropped)
+            consumer_up.add_metric(service, 1 if metrics.consumer_connected else 0)
         yield from tasks.values()
         yield from (runtime, queue_wait, up, active, *queue_families.values(), consumers)
-        yield from (consumed, malformed, dropped, reconciles, status_pass)
+        yield from (consumer_up, consumed, malformed, dropped, reconciles, status_pass)
 
 
 def serve_metrics(metrics: MetricsRegistry, port: int, addr: str) -> None:

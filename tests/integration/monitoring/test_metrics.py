@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from celery_event_devcluster import jsonpatch
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
+from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review
 from tests.support.workers import Worker, as_kubelet_would
@@ -197,6 +199,30 @@ def test_garbage_is_counted_and_metrics_stay_correct(
     # not JSON, no type, a batch of two non-events, one huge event
     assert value(found, "celery_event_operator_events_malformed_total") == 4
     assert operator.alive()
+
+
+def test_the_events_consumer_readiness_turns_0_while_it_cannot_consume(
+    operator: OperatorProcess, rabbitmq_management: rabbitmq.Management, test_vhost: str
+) -> None:
+    def consumer_up() -> float:
+        return value(scrape(operator), "celery_event_operator_events_consumer_up")
+
+    eventually(lambda: consumer_up() == 1, timeout=10, message="the consuming consumer was not reported up")
+    vhost = rabbitmq_management.vhost_path(test_vhost)
+    user = urllib.parse.quote(rabbitmq_management.request("GET", "/whoami")["name"])
+
+    def allow_reading(read: str) -> None:
+        rabbitmq_management.request(
+            "PUT", f"/permissions/{vhost}/{user}", {"configure": ".*", "write": ".*", "read": read}
+        )
+        for connection in rabbitmq_management.request("GET", f"/vhosts/{vhost}/connections"):
+            name = urllib.parse.quote(connection["name"], safe="")
+            rabbitmq_management.request("DELETE", f"/connections/{name}")
+
+    allow_reading("^$")  # the consumer reconnects and is refused its queue
+    eventually(lambda: consumer_up() == 0, timeout=20, message="a refused consumer was still reported up")
+    allow_reading(".*")
+    eventually(lambda: consumer_up() == 1, timeout=70, message="the consumer did not come back up")
 
 
 def test_deleting_the_service_removes_its_series(

@@ -205,6 +205,7 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
         "CeleryArchiveFillingUp",
         "CeleryTaskFailureRate",
         "CeleryQueueWithoutConsumers",
+        "CeleryEventsNotConsumed",
         "CeleryEventOperatorReconcileFailures",
     }
     registry = MetricsRegistry()

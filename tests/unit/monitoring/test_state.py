@@ -172,6 +172,14 @@ def test_histogram_buckets_are_the_configured_ones() -> None:
     assert bounds == {"celery_task_runtime": ["+Inf", "1.0", "60.0"], "celery_task_queue_wait_time": ["+Inf", "10.0"]}
 
 
+def test_the_consumer_readiness_follows_its_connection() -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    assert value(samples(registry), "celery_event_operator_events_consumer_up") == 0, "not connected yet"
+    metrics.consumer_connected = True
+    assert value(samples(registry), "celery_event_operator_events_consumer_up") == 1
+
+
 def test_workers_up_active_and_offline() -> None:
     registry = MetricsRegistry()
     metrics = registry.service("shop", "billing")
