@@ -145,6 +145,14 @@ class EventsCollector(Collector):
             "Messages on the events queue that were no Celery event (skipped).",
             labels=SERVICE_LABELS,
         )
+        replicas = GaugeMetricFamily(
+            "celery_event_operator_replicas", "The service's worker pods running.", labels=SERVICE_LABELS
+        )
+        desired_replicas = GaugeMetricFamily(
+            "celery_event_operator_desired_replicas",
+            "The worker replicas wanted: the autoscaler's or spec.workers.replicas, else the workload's own.",
+            labels=SERVICE_LABELS,
+        )
         consumer_up = GaugeMetricFamily(
             "celery_event_operator_events_consumer_up",
             "1 while the service's events consumer consumes; 0 while it is not (its series then stand still).",
@@ -186,9 +194,13 @@ class EventsCollector(Collector):
             malformed.add_metric(service, metrics.malformed)
             dropped.add_metric(service, metrics.dropped)
             consumer_up.add_metric(service, 1 if metrics.consumer_connected else 0)
+            if metrics.replicas is not None:
+                replicas.add_metric(service, metrics.replicas)
+            if metrics.desired_replicas is not None:
+                desired_replicas.add_metric(service, metrics.desired_replicas)
         yield from tasks.values()
         yield from (runtime, queue_wait, up, active, *queue_families.values(), consumers)
-        yield from (consumer_up, consumed, malformed, dropped, reconciles, status_pass)
+        yield from (replicas, desired_replicas, consumer_up, consumed, malformed, dropped, reconciles, status_pass)
 
 
 def serve_metrics(metrics: MetricsRegistry, port: int, addr: str) -> None:

@@ -134,6 +134,8 @@ class ServiceMetrics:
         self.last_heard: dict[str, float] = {}
         self.queue_length: dict[tuple[str, str], int] = {}  # (queue, role) → messages
         self.queue_consumers: dict[str, int] = {}
+        self.replicas: int | None = None  # the workers' pods running, and their desired number (None: unknown)
+        self.desired_replicas: int | None = None
         self.events_consumed = 0
         self.consumer_connected = False  # set by the events connection: is this service's consumer live?
         self.malformed = 0

@@ -29,6 +29,20 @@ from tests.unit.chart.test_chart import render
 APPS = REPO / "tests" / "integration" / "injection" / "apps"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 PODS = "/api/v1/namespaces/default/pods"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+WORKERS = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "billing-worker"},
+    "spec": {
+        "replicas": 1,
+        "selector": {"matchLabels": {"app": "billing-worker"}},
+        "template": {
+            "metadata": {"labels": {"app": "billing-worker"}},
+            "spec": {"containers": [{"name": "w", "image": "w"}]},
+        },
+    },
+}
 TASK = "orders.order.created"
 QUEUE = "billing.orders.order.created"
 
@@ -60,6 +74,7 @@ def operator(
     kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
 ) -> Iterator[OperatorProcess]:
     create_broker_secret(kube_api, test_vhost_url)
+    kube_api.client.create(DEPLOYMENTS, WORKERS)  # the service's scale target: replicas and desired replicas
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
     service = billing_sample()
     service["spec"]["retry"] = {"maxRetries": 1}
@@ -150,6 +165,7 @@ def test_real_workers_produce_exact_counters(
     assert ("celery_event_operator_archive_queue_length", (("queue_name", "billing:archived"),)) in found
     assert value(found, "celery_event_operator_retry_queue_length", queue_name="billing:retry") == 0
     assert value(found, "celery_event_operator_events_consumer_up") == 1
+    assert value(found, "celery_event_operator_desired_replicas") == 1
 
     [rule] = [d for d in render({"metrics": {"prometheusRule": {"enabled": True}}}) if d["kind"] == "PrometheusRule"]
     used = metric_names.merged(
