@@ -56,6 +56,23 @@ def alert_uses(prometheus_rule: dict[str, Any]) -> Uses:
     return dict(uses)
 
 
+def dashboard_uses(dashboard: dict[str, Any]) -> Uses:
+    """Every query of a Grafana dashboard: its panels' targets (and legends) and its variables."""
+    queries = [
+        (target["expr"], target.get("legendFormat", ""))
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    ]
+    queries += [(variable["query"], "") for variable in dashboard["templating"]["list"] if variable["type"] == "query"]
+    uses: Uses = collections.defaultdict(set)
+    for expr, legend in queries:
+        labels = labels_in(expr) | set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
+        labels |= set(re.findall(r"label_values\(.*,\s*(\w+)\s*\)", expr))
+        for metric in set(re.findall(r"\b(celery_\w+)", expr)):
+            uses[metric] |= labels
+    return dict(uses)
+
+
 def _expand(name: str) -> list[str]:
     """`celery_task_{sent,received}_total` → both names."""
     parts = re.split(r"\{([^}]*)\}", name)

@@ -24,7 +24,7 @@ from tests.support import metric_names, rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review
 from tests.support.workers import Worker, as_kubelet_would
-from tests.unit.chart.test_chart import render
+from tests.unit.chart.test_chart import CHART, render
 
 APPS = REPO / "tests" / "integration" / "injection" / "apps"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -172,9 +172,12 @@ def test_real_workers_produce_exact_counters(
         metric_names.alert_uses(rule).items(),
         metric_names.readme_uses((REPO / "README.md").read_text()).items(),
         metric_names.CELERY_MIXIN.items(),
+        metric_names.dashboard_uses(
+            json.loads((CHART / "dashboards" / "celery-event-operator.json").read_text())
+        ).items(),
     )
     assert {"celery_task_runtime_bucket", "celery_event_operator_reconciles_total"} <= set(used)
-    assert metric_names.missing_from(scraped, used) == [], "alerts, README or the celery-mixin use what is not exported"
+    assert metric_names.missing_from(scraped, used) == [], "alerts, README, dashboard or mixin use what is not exported"
 
 
 def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(

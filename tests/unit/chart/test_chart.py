@@ -19,6 +19,7 @@ from celery_event_operator.kubeapi import API_CALLS
 from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
 from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 from tests.conftest import REPO
+from tests.support import metric_names
 
 CHART = REPO / "charts" / "celery-event-operator"
 KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")  # the chart's kubeVersion floor, and the newest schemas here
@@ -41,9 +42,12 @@ VALUE_SETS = [
             "metrics": {
                 "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
                 "prometheusRule": {"enabled": True},
+                "dashboard": {"enabled": True},
+                "runtimeBuckets": [0.1, 1],
+                "queueWaitBuckets": [1, 60],
             }
         },
-        id="service-monitor-and-rules",
+        id="service-monitor-rules-and-dashboard",
     ),
     pytest.param({"watchNamespaces": ["shop", "billing"]}, id="namespaced"),
     pytest.param({"crds": {"enabled": False}}, id="no-crds"),
@@ -213,6 +217,23 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
     exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
     used = set(re.findall(r"\b(celery_[a-z_]+)", " ".join(alerts.values())))
     assert used <= exported, f"alerts on metrics nobody exports: {used - exported}"
+
+
+def test_the_dashboard_is_an_opt_in_configmap_for_grafanas_sidecar_on_exported_metrics() -> None:
+    assert not [d for d in render({}) if d["kind"] == "ConfigMap"], "opt-in"
+    documents = render({"metrics": {"dashboard": {"enabled": True, "annotations": {"grafana_folder": "Celery"}}}})
+    [configmap] = [d for d in documents if d["kind"] == "ConfigMap"]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "Celery"}
+    dashboard = json.loads(configmap["data"]["celery-event-operator.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "celery-event-operator.json").read_text())
+    families = list(EventsCollector(MetricsRegistry()).collect())
+    exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
+    used = set(metric_names.dashboard_uses(dashboard))
+    assert len(used) >= 10
+    assert used <= exported, f"panels on metrics nobody exports: {used - exported}"
+    other = render({"metrics": {"dashboard": {"enabled": True, "namespace": "grafana"}}})
+    assert [d["metadata"]["namespace"] for d in other if d["kind"] == "ConfigMap"] == ["grafana"]
 
 
 def test_histogram_buckets_reach_the_operator() -> None:
