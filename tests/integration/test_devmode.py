@@ -82,7 +82,12 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
                     text = response.read().decode()
             except OSError:
                 return False  # not serving yet
-            return 'celery_task_succeeded_total{namespace="default",service_name="billing"' in text
+            return any(
+                line.startswith("celery_task_succeeded_total{")
+                and 'namespace="default"' in line
+                and 'service_name="billing"' in line
+                for line in text.splitlines()
+            )
 
         eventually(live_metrics, timeout=60, message="no live metrics from the sample worker")
 
