@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import pathlib
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -60,7 +61,14 @@ def _options(args: argparse.Namespace) -> OperatorOptions:
         namespaces=tuple(getattr(args, "namespace", ()) or ()),
         shard_index=getattr(args, "shard_index", 0),
         shard_count=getattr(args, "shard_count", 1),
+        peering=getattr(args, "peering", None),
+        priority=_priority(getattr(args, "priority", None)),
     )
+
+
+def _priority(given: int | None) -> int:
+    # Replicas of equal priority all pause (kopf's rule against double processing): a random one never ties.
+    return given if given is not None else random.randint(1, 2**31 - 1)
 
 
 def _add_webhook_options(parser: argparse.ArgumentParser, default_addr: str) -> None:
@@ -86,7 +94,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         admission.register(kopf.get_default_registry())
     kopf.configure(verbose=args.verbose)
     kopf.run(
-        standalone=True,  # one replica (the chart's Deployment uses Recreate): no peering objects needed
+        # Alone, or one of several replicas of which only the one of highest priority in the peering works.
+        standalone=options.peering is None,
+        peering_name=options.peering,
+        priority=options.priority,
         clusterwide=not options.namespaces,
         namespaces=options.namespaces,
         liveness_endpoint=args.liveness or None,
@@ -222,10 +233,7 @@ def _archive_action(args: argparse.Namespace, connection: Any, service: str, sel
     return f"purged {summary.done} of {summary.archived} archived"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="celery-event-operator", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def _add_run_command(commands: Any) -> None:
     run = commands.add_parser("run", help="run the operator against the configured cluster (kubeconfig or in-cluster)")
     run.add_argument(
         "--namespace",
@@ -250,9 +258,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--shard-index", type=int, default=0, help="which of the --shard-count shards this operator keeps (0-based)"
     )
+    run.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="run as one of several replicas: the one of highest priority in the kopf peering NAME reconciles, "
+        "the others stand by (and answer the webhook); without it the operator runs alone",
+    )
+    run.add_argument(
+        "--priority",
+        type=int,
+        help="this replica's priority in --peering (default: random, so that no two replicas tie)",
+    )
     _add_webhook_options(run, "0.0.0.0")
     run.add_argument("--verbose", "-v", action="store_true")
     run.set_defaults(handler=_cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="celery-event-operator", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    _add_run_command(commands)
 
     dev = commands.add_parser("dev", help="run the operator with the samples on an embedded Kubernetes API")
     dev.add_argument("--api-port", type=int, default=18443, help="port of the embedded API (0: any free port)")

@@ -84,6 +84,17 @@ class Context:
             serve_metrics(context.metrics, options.metrics_port, options.metrics_addr)
         return context
 
+    async def ensure_peering(self) -> None:
+        """The kopf peering object this replica meets the others in (each served namespace has its own)."""
+        name = self.options.peering
+        if name is None:
+            return
+        for namespace in self.options.namespaces or (None,):
+            try:
+                await self.kube.call(self.kube.api.ensure_peering, name, namespace)
+            except KubeError as exc:  # e.g. the peering CRDs are not installed: kopf pauses and says so
+                logging.getLogger(__name__).warning("%s", exc)
+
     async def close(self) -> None:
         await self.brokers.close_all()
         self.kube.close()
