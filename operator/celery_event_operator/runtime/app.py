@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject, Retry
+from celery.worker.consumer import Consumer
 from kombu.entity import Exchange, Queue
 
 from celery_event_operator import naming
@@ -231,8 +232,28 @@ class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
                     "handler %r is not in spec.events.handlers of service %r: not consumed", name, events.service
                 )
                 continue
-            queues.append(Queue(events.queue_of(name), exchange=exchange, routing_key=name, no_declare=True))
+            queues.append(
+                Queue(
+                    events.queue_of(name),
+                    exchange=exchange,
+                    routing_key=name,
+                    no_declare=True,
+                    # Never declared from here; the type tells Celery to use per-consumer QoS, which is all a
+                    # quorum queue supports (global QoS: 540 NOT_IMPLEMENTED on basic.consume).
+                    queue_arguments={"x-queue-type": "quorum"} if events.queue_type == "quorum" else None,
+                )
+            )
         self.conf.task_queues = queues
+
+
+class EventsConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
+    """Celery's worker consumer without native delayed delivery, which Celery >= 5.5 switches on for quorum
+    queues: it would declare its own `celery_delayed_*` exchanges and queues and bind ours to them. Retries
+    wait on the broker in the operator's retry levels instead, for both queue types, and nothing is declared
+    beyond the operator's plan."""
+
+    class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
+        default_steps = [step for step in Consumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")]
 
 
 def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
@@ -252,7 +273,12 @@ def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
         os.environ["CELERY_BROKER_URL"] = with_vhost(os.environ["CELERY_BROKER_URL"], events.vhost)
     app = EventsApp(events.service, events=events)
     app.config_from_object(
-        {**ROBUST_CELERY_SETTINGS, **settings.get("celery", {}), "task_default_exchange": events.events_exchange}
+        {
+            **ROBUST_CELERY_SETTINGS,
+            **settings.get("celery", {}),
+            "task_default_exchange": events.events_exchange,
+            "worker_consumer": f"{EventsConsumer.__module__}:{EventsConsumer.__qualname__}",
+        }
     )
     app.conf.update(overrides)
     return app

@@ -19,9 +19,12 @@ import pytest
 from kombu.connection import Connection
 
 from celery_event_devcluster import jsonpatch
+from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
+from celery_event_operator.topology import plan
 from tests.conftest import billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
+from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review
 from tests.support.workers import Worker, as_kubelet_would
@@ -30,17 +33,28 @@ APPS = pathlib.Path(__file__).resolve().parent / "apps"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 EVENT_QUEUE = "billing.orders.order.created"
 MAX_RETRIES = 3
+DELIVERY_LIMIT = 3  # quorum: deliveries of a message whose worker process dies on it, before the archive
+
+
+@pytest.fixture(params=["classic", "quorum"])
+def queue_type(request: pytest.FixtureRequest) -> str:
+    """Every real-worker scenario runs for both queue types."""
+    found: str = request.param
+    return found
 
 
 @pytest.fixture
 def injected_env(
-    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path, queue_type: str
 ) -> Iterator[dict[str, str]]:
     """The env of a worker pod of `billing` after the webhook, as the kubelet would give it."""
     create_broker_secret(kube_api, test_vhost_url)
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
     service = billing_sample()
     service["spec"]["retry"] = {"maxRetries": MAX_RETRIES}
+    service["spec"]["queueType"] = queue_type
+    if queue_type == "quorum":
+        service["spec"]["deliveryLimit"] = DELIVERY_LIMIT
     service["spec"]["events"]["handlers"] = [{"name": "orders.order.created"}]
     kube_api.client.create(CES, service)
     eventually(
@@ -112,6 +126,37 @@ def test_worker_runs_on_injected_settings_alone(worker_factory: Any, injected_en
     assert "gossip" not in log.lower().replace("without_gossip", "")
 
 
+def test_a_worker_declares_nothing_beyond_the_plan(
+    worker_factory: Any,
+    injected_env: dict[str, str],
+    kube_api: EmulatedApi,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+    queue_type: str,
+) -> None:
+    """Issue #13: no PRECONDITION_FAILED, no native delayed delivery (`celery_delayed_*`), nothing else."""
+    worker = worker_factory("--pool=solo")
+    fire(worker, (1, "ok"))
+    eventually(lambda: len(handled(injected_env)) == 1, timeout=20)
+    body = kube_api.client.get(f"{CES}/billing")
+    topology = plan.plan("billing", CeleryEventServiceSpec.model_validate(body["spec"]))
+    held = rabbitmq.snapshot(rabbitmq_management, test_vhost)
+    # Celery's own control plane stays: the service's control exchange (kombu's `<control_exchange>.pidbox`)
+    # with each worker's auto-deleted pidbox queue, and the reply exchange of `celery inspect`.
+    celery_own = {name for name in held["queues"] if name.endswith(".pidbox")}
+    assert set(held["queues"]) - celery_own == {queue.name for queue in topology.queues}
+    control = {"billing:control.pidbox", "reply.celery.pidbox"}
+    assert set(held["exchanges"]) - control == {exchange.name for exchange in topology.exchanges}
+    for queue in topology.queues:
+        assert held["queues"][queue.name] == dict(queue.arguments), f"{queue.name} declared with other arguments"
+    handler_queue_types = {
+        held["queues"][q.name].get("x-queue-type", "classic") for q in topology.queues if q.role == "events"
+    }
+    assert handler_queue_types == {queue_type}
+    assert "PRECONDITION_FAILED" not in worker.log()
+    assert "NOT_IMPLEMENTED" not in worker.log()
+
+
 def test_failures_are_retried_on_the_broker_after_1_2_4_seconds(
     worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
 ) -> None:
@@ -155,15 +200,21 @@ def test_always_failing_event_is_archived_with_its_attempts_and_exception(
 
 
 def test_poison_message_is_archived_after_max_retries_passes(
-    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str, queue_type: str
 ) -> None:
+    """The worker process dies on the message each time: classic queues archive it after maxRetries passes
+    through retry level 0, quorum queues through the broker's delivery limit."""
     worker = worker_factory("--pool=prefork", "--concurrency=1")
     fire(worker, (13, "crash"))
     eventually(
         lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=60, message="the poison message kept looping"
     )
     [message] = archived(test_vhost_url)
-    assert message.headers[EXCEPTION_TYPE_HEADER] == "PoisonMessageError"
+    if queue_type == "quorum":
+        assert message.headers["x-first-death-reason"] == "delivery_limit"
+        assert message.headers["x-first-death-queue"] == EVENT_QUEUE
+    else:
+        assert message.headers[EXCEPTION_TYPE_HEADER] == "PoisonMessageError"
     assert worker.process is not None
     assert worker.process.poll() is None, "the worker itself survived its lost processes"
     fire(worker, (14, "ok"))
