@@ -264,3 +264,54 @@ def test_thousand_events_with_failures_and_a_kill_lose_nothing(
     )
     # At least once: duplicates only of what the killed worker had taken and not acknowledged.
     assert handled_twice + archived_twice <= 16, "more duplicates than the killed worker had in flight"
+
+
+def publish_raw(worker: Worker, body: bytes, headers: dict[str, Any], content_type: str = "application/json") -> None:
+    """A message on the events exchange as a misbehaving producer sends it."""
+    worker.run(
+        "from kombu import Connection, Exchange, Producer\n"
+        "import os\n"
+        "with Connection(os.environ['CELERY_BROKER_URL']) as connection:\n"
+        "    Producer(connection.channel()).publish(\n"
+        f"        {body!r}, exchange=Exchange('events', type='topic', no_declare=True),\n"
+        f"        routing_key='orders.order.created', headers={headers!r},\n"
+        f"        content_type={content_type!r}, content_encoding='utf-8', declare=[])\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "exception_type"),
+    [
+        pytest.param("one argument too few", "TypeError", id="wrong-arguments"),
+        pytest.param("a body that does not decode", "DecodeError", id="undecodable"),
+        pytest.param("a task no handler is registered for", "NotRegistered", id="unknown-task"),
+    ],
+)
+def test_a_message_that_can_never_succeed_is_archived_at_once_with_its_reason(
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str, message: str, exception_type: str
+) -> None:
+    """Issue #13: such messages looped through the retry levels (243 times in 4 minutes) or were dropped."""
+    worker = worker_factory("--pool=solo")
+    task_headers = {"lang": "py", "id": "t-1", "root_id": "t-1", "retries": 0, "argsrepr": "()", "kwargsrepr": "{}"}
+    if message == "one argument too few":
+        worker.run(
+            "from orders_app import app\n"
+            "app.send_task('orders.order.created', args=(), routing_key='orders.order.created', "
+            "exchange='events', declare=[])"
+        )
+    elif message == "a body that does not decode":
+        publish_raw(worker, b'{"not json', task_headers | {"task": "orders.order.created"})
+    else:
+        publish_raw(
+            worker,
+            b'[[1], {}, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]',
+            task_headers | {"task": "orders.nobody.handles.this"},
+        )
+    eventually(lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=20, message="not archived")
+    [archived_message] = archived(test_vhost_url)
+    assert archived_message.headers[EXCEPTION_TYPE_HEADER] == exception_type
+    worker.run("import time; time.sleep(3)")  # a looping message would come back meanwhile (1 s level)
+    assert depth(test_vhost_url, "billing:archived") == 0, "archived once, then gone from every queue"
+    for queue in (EVENT_QUEUE, "billing:retry", "billing:retry.1", "billing:retry.2"):
+        assert depth(test_vhost_url, queue) == 0, f"{queue} still holds it"
+    assert handled(injected_env) == [], "the handler never ran"
