@@ -31,7 +31,9 @@ import os as _os
 
 with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "settings.json")) as _file:
     globals().update(_json.load(_file)["celery"])
-'''
+# Per pod (its grace period), so from the pod's env, not from the service's settings.
+worker_soft_shutdown_timeout = float(_os.environ.get("{SOFT_SHUTDOWN_ENV}") or 0)
+'''.replace("{SOFT_SHUTDOWN_ENV}", naming.SOFT_SHUTDOWN_ENV)
 
 
 def configmap_name(service: str) -> str:

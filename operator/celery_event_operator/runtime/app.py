@@ -342,6 +342,8 @@ def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
             **settings.get("celery", {}),
             "task_default_exchange": events.events_exchange,
             "worker_consumer": f"{EventsConsumer.__module__}:{EventsConsumer.__qualname__}",
+            # Per pod (its grace period, set by the webhook): how long running tasks may finish after SIGTERM.
+            "worker_soft_shutdown_timeout": float(os.environ.get(naming.SOFT_SHUTDOWN_ENV) or 0),
         }
     )
     app.conf.update(overrides)

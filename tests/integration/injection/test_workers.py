@@ -10,6 +10,7 @@ import base64
 import itertools
 import json
 import pathlib
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -315,3 +316,48 @@ def test_a_message_that_can_never_succeed_is_archived_at_once_with_its_reason(
     for queue in (EVENT_QUEUE, "billing:retry", "billing:retry.1", "billing:retry.2"):
         assert depth(test_vhost_url, queue) == 0, f"{queue} still holds it"
     assert handled(injected_env) == [], "the handler never ran"
+
+
+def phases(env: dict[str, str], order_id: int) -> list[str]:
+    return [h["phase"] for h in handled(env) if h["order_id"] == order_id and "phase" in h]
+
+
+def test_a_rollout_lets_a_running_task_finish_within_the_grace_period(
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+) -> None:
+    """Issue #13: SIGTERM (a rollout) while a 2 s task runs. A pod with terminationGracePeriodSeconds 10 gets a
+    5 s soft shutdown (see the unit test of the env); Celery then waits out the whole soft shutdown when a task
+    was running, and exits before the kubelet's SIGKILL."""
+    injected_env["CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"] = "5"
+    worker = worker_factory("--pool=prefork", "--concurrency=1")
+    fire(worker, (21, "long:2"))
+    eventually(lambda: phases(injected_env, 21) == ["started"], timeout=20)
+    started = time.monotonic()
+    assert worker.terminate() == 0
+    assert time.monotonic() - started < 10, "gone within the grace period, before a SIGKILL would come"
+    assert phases(injected_env, 21) == ["started", "done"], "the task finished before the worker went"
+    worker_factory("--pool=prefork", "--concurrency=1")
+    worker.run("import time; time.sleep(3)")
+    assert phases(injected_env, 21) == ["started", "done"], "a completed task never runs again"
+    assert depth(test_vhost_url, EVENT_QUEUE) == 0
+
+
+def test_a_task_longer_than_the_grace_period_is_handed_back_not_lost(
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+) -> None:
+    """A pod with terminationGracePeriodSeconds 6 gets a 1 s soft shutdown (see the unit test of the env)."""
+    injected_env["CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"] = "1"
+    worker = worker_factory("--pool=prefork", "--concurrency=1")
+    fire(worker, (22, "long:8"))
+    eventually(lambda: phases(injected_env, 22) == ["started"], timeout=20)
+    started = time.monotonic()
+    worker.terminate()
+    assert time.monotonic() - started < 6, "gone within the grace period, before a SIGKILL would come"
+    assert phases(injected_env, 22) == ["started"]
+    worker_factory("--pool=prefork", "--concurrency=1")
+    eventually(
+        lambda: phases(injected_env, 22) == ["started", "started", "done"],
+        timeout=30,
+        message="the task handed back never ran to its end",
+    )
+    assert archived(test_vhost_url) == []
