@@ -60,7 +60,7 @@ def test_worker_pods_get_the_settings_injected(kubectl: Kubectl, service_with_wo
 
 def test_rollout_restart_removes_the_old_pods_series(kubectl: Kubectl, service_with_workers: None) -> None:
     def workers_with_series() -> set[str]:
-        return set(re.findall(r'celery_worker_up\{[^}]*service_name="billing"[^}]*worker="([^"]+)"', scrape(kubectl)))
+        return set(re.findall(r'celery_worker_up\{[^}]*service_name="billing",hostname="([^"]+)"', scrape(kubectl)))
 
     old = eventually(workers_with_series)
     kubectl("rollout", "restart", "deployment/billing-worker")

@@ -33,7 +33,7 @@ from celery_event_operator.injection.outcome import Outcome as WorkersOutcome
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
 from celery_event_operator.monitoring.collector import MetricsRegistry, serve_metrics
 from celery_event_operator.monitoring.events_connection import Subscription
-from celery_event_operator.naming import event_exchange_name, monitor_queue_name
+from celery_event_operator.naming import event_exchange_name, handler_queue_name, monitor_queue_name
 from celery_event_operator.options import OperatorOptions
 from celery_event_operator.scaling import queue_status
 from celery_event_operator.service_status import EventNote, Validated
@@ -375,12 +375,14 @@ class ServiceKeeper:
                 self._subscription = None
                 self.context.metrics.remove(self.namespace, service)
             return
+        metrics = self.context.metrics.service(self.namespace, service)
+        # queue_name of the handlers' task events (none of which says the queue it was consumed from)
+        metrics.handler_queues = {h.name: handler_queue_name(service, h.name) for h in validated.spec.events.handlers}
         queue = monitor_queue_name(service)
         if self._subscription is not None and self._subscription.queue == queue:
             return
         if self._subscription is not None:
             broker.events.unsubscribe(self._subscription)
-        metrics = self.context.metrics.service(self.namespace, service)
         self._subscription = broker.events.subscribe(
             f"{self.namespace}/{service}", queue, event_exchange_name(service), metrics
         )

@@ -1,6 +1,7 @@
 """The Prometheus view of our metrics state: a custom Collector over the dicts we own.
 
-Names follow the popular Celery exporters (danihodovic/celery-exporter), so their dashboards work.
+Names and labels of the Celery series are danihodovic/celery-exporter's (plus `namespace` and `service_name`), so
+its dashboards and alerts (the celery-mixin) work; the operator's own series are `celery_event_operator_*`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from celery_event_operator.monitoring.state import RUNTIME_BUCKETS, TASK_EVENT_KINDS, WITH_EXCEPTION, ServiceMetrics
+from celery_event_operator.monitoring.state import TASK_EVENT_KINDS, WITH_EXCEPTION, Histogram, ServiceMetrics
 
 SERVICE_LABELS = ["namespace", "service_name"]
+# celery-exporter's: `hostname` is the Celery hostname after `@` (the pod name), `queue_name` the queue consumed from
+TASK_LABELS = [*SERVICE_LABELS, "name", "hostname", "queue_name"]
 
 
 class MetricsRegistry:
@@ -58,6 +61,15 @@ class MetricsRegistry:
             self.reconciles["success" if succeeded else "failure"] += 1
 
 
+def _histogram_samples(family: HistogramMetricFamily, service: list[str], histogram: Histogram) -> None:
+    sums = histogram.sums.copy()
+    bounds = [str(bound) for bound in histogram.bounds]
+    for (task, worker, queue), counts in histogram.counts.copy().items():
+        cumulative = list(itertools.accumulate(counts))
+        buckets = [*zip(bounds, cumulative, strict=False), ("+Inf", cumulative[-1])]
+        family.add_metric([*service, task, worker, queue], buckets, sums.get((task, worker, queue), 0.0))
+
+
 class EventsCollector(Collector):
     def __init__(self, registry: MetricsRegistry) -> None:
         self.registry = registry
@@ -68,30 +80,42 @@ class EventsCollector(Collector):
             kind: CounterMetricFamily(
                 f"celery_task_{kind}",
                 f"Tasks {kind}, from the workers' Celery events.",
-                labels=[*SERVICE_LABELS, "task", "worker", *(["exception"] if kind in WITH_EXCEPTION else [])],
+                labels=[*TASK_LABELS, *(["exception"] if kind in WITH_EXCEPTION else [])],
             )
             for kind in TASK_EVENT_KINDS
         }
         runtime = HistogramMetricFamily(
-            "celery_task_runtime_seconds", "Runtime of succeeded tasks.", labels=[*SERVICE_LABELS, "task", "worker"]
+            "celery_task_runtime", "Runtime of succeeded tasks (seconds).", labels=TASK_LABELS
         )
         up = GaugeMetricFamily(
             "celery_worker_up",
             "1 while the worker sends heartbeats, 0 after it went offline.",
-            labels=[*SERVICE_LABELS, "worker"],
+            labels=[*SERVICE_LABELS, "hostname"],
         )
         active = GaugeMetricFamily(
             "celery_worker_tasks_active",
             "Tasks the worker is running (its heartbeats).",
-            labels=[*SERVICE_LABELS, "worker"],
+            labels=[*SERVICE_LABELS, "hostname"],
         )
-        queue_length = GaugeMetricFamily(
-            "celery_queue_length",
-            "Messages waiting (ready + unacknowledged).",
-            labels=[*SERVICE_LABELS, "queue", "role"],
-        )
+        queue_families = {
+            "events": GaugeMetricFamily(
+                "celery_queue_length",
+                "Messages waiting in a handler queue (ready + unacknowledged).",
+                labels=[*SERVICE_LABELS, "queue_name"],
+            ),
+            "retry": GaugeMetricFamily(
+                "celery_event_operator_retry_queue_length",
+                "Messages waiting in a retry level (ready + unacknowledged).",
+                labels=[*SERVICE_LABELS, "queue_name"],
+            ),
+            "archive": GaugeMetricFamily(
+                "celery_event_operator_archive_queue_length",
+                "Messages in the archive (ready + unacknowledged).",
+                labels=[*SERVICE_LABELS, "queue_name"],
+            ),
+        }
         consumers = GaugeMetricFamily(
-            "celery_queue_consumers", "Consumers of a handler queue.", labels=[*SERVICE_LABELS, "queue"]
+            "celery_active_consumer_count", "Consumers of a handler queue.", labels=[*SERVICE_LABELS, "queue_name"]
         )
         consumed = CounterMetricFamily(
             "celery_event_operator_events_consumed", "Celery events the operator consumed.", labels=SERVICE_LABELS
@@ -118,30 +142,26 @@ class EventsCollector(Collector):
             reconciles.add_metric([result], count)
         for metrics in services:
             service = [metrics.namespace, metrics.service]
-            for (kind, task, worker, exception), count in metrics.counters.copy().items():
+            for (kind, task, worker, queue, exception), count in metrics.counters.copy().items():
                 tasks[kind].add_metric(
-                    [*service, task, worker, *([exception] if kind in WITH_EXCEPTION else [])], count
+                    [*service, task, worker, queue, *([exception] if kind in WITH_EXCEPTION else [])], count
                 )
-            sums = metrics.runtime_sum.copy()
-            for (task, worker), counts in metrics.runtime_buckets.copy().items():
-                cumulative = list(itertools.accumulate(counts))
-                buckets = [(str(bound), value) for bound, value in zip(RUNTIME_BUCKETS, cumulative, strict=False)]
-                runtime.add_metric(
-                    [*service, task, worker], [*buckets, ("+Inf", cumulative[-1])], sums.get((task, worker), 0.0)
-                )
+            _histogram_samples(runtime, service, metrics.runtime)
             for worker, value in metrics.worker_up.copy().items():
                 up.add_metric([*service, worker], value)
             for worker, value in metrics.worker_active.copy().items():
                 active.add_metric([*service, worker], value)
             for (queue, role), value in metrics.queue_length.copy().items():
-                queue_length.add_metric([*service, queue, role], value)
+                if role in queue_families:
+                    queue_families[role].add_metric([*service, queue], value)
             for queue, value in metrics.queue_consumers.copy().items():
                 consumers.add_metric([*service, queue], value)
             consumed.add_metric(service, metrics.events_consumed)
             malformed.add_metric(service, metrics.malformed)
             dropped.add_metric(service, metrics.dropped)
         yield from tasks.values()
-        yield from (runtime, up, active, queue_length, consumers, consumed, malformed, dropped, reconciles, status_pass)
+        yield from (runtime, up, active, *queue_families.values(), consumers)
+        yield from (consumed, malformed, dropped, reconciles, status_pass)
 
 
 def serve_metrics(metrics: MetricsRegistry, port: int, addr: str) -> None:

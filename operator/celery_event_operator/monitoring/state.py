@@ -19,19 +19,23 @@ from typing import Any, TypeGuard
 # Events whose counters are exported as celery_task_<kind>_total.
 TASK_EVENT_KINDS = ("sent", "received", "started", "succeeded", "failed", "rejected", "revoked", "retried")
 WITH_EXCEPTION = frozenset({"failed", "retried"})
+# The kinds a worker sends: a task's first series of a worker brings the others at 0, as celery-exporter
+# does, so `failed / (failed + succeeded)` has both sides for a task that never succeeded.
+WORKER_KINDS = TASK_EVENT_KINDS[1:]
 # Seconds; task runtimes from a few milliseconds to several minutes.
 RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 GENERIC_WORKER = "generic"  # task-sent comes from producers, which are no workers
+DEFAULT_QUEUE = "celery"  # Celery's task_default_queue: a task of no handler and of no task-sent seen
 MAX_EVENT_BYTES = 64 * 1024
 MAX_LABEL_CHARS = 512  # longer task names or hostnames are no Celery's: such an event is malformed
 # Events that are legitimately larger than MAX_EVENT_BYTES (their traceback), counted from their short fields.
 OVERSIZED_KINDS = frozenset({"task-failed", "task-retried"})
-TASK_NAMES_KEPT = 50_000  # task uuid → name, for events that do not carry the name
+TASKS_KEPT = 50_000  # task uuid → name and queue, for events that do not carry them
 TOMBSTONES_KEPT = 10_000
 TOMBSTONE_SECONDS = 600.0
 
-CounterKey = tuple[str, str, str, str]  # kind, task, worker, exception ("" when none)
-RuntimeKey = tuple[str, str]  # task, worker
+CounterKey = tuple[str, str, str, str, str]  # kind, task, worker, queue, exception ("" when none)
+HistogramKey = tuple[str, str, str]  # task, worker, queue
 
 
 def worker_of(hostname: str) -> str:
@@ -83,13 +87,38 @@ def fields_of_oversized(head: bytes, tail: bytes) -> dict[str, str]:
     return fields
 
 
+class Histogram:
+    """Per-bucket counts (made cumulative by the collector) and sums, by series."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts: dict[HistogramKey, list[int]] = {}
+        self.sums: dict[HistogramKey, float] = {}
+
+    def observe(self, key: HistogramKey, value: float) -> bool:
+        """True when the series is new."""
+        counts = self.counts.get(key)
+        new = counts is None
+        if counts is None:
+            counts = self.counts[key] = [0] * (len(self.bounds) + 1)
+            self.sums[key] = 0.0
+        counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sums[key] += value
+        return new
+
+    def remove(self, key: HistogramKey) -> None:
+        self.counts.pop(key, None)
+        self.sums.pop(key, None)
+
+
 class ServiceMetrics:
     def __init__(self, namespace: str, service: str) -> None:
         self.namespace = namespace
         self.service = service
         self.counters: dict[CounterKey, int] = {}
-        self.runtime_buckets: dict[RuntimeKey, list[int]] = {}  # cumulative later; raw per-bucket counts here
-        self.runtime_sum: dict[RuntimeKey, float] = {}
+        self.runtime = Histogram(RUNTIME_BUCKETS)
+        # task name → the handler queue it is consumed from (set from the service's spec)
+        self.handler_queues: dict[str, str] = {}
         self.worker_up: dict[str, int] = {}
         self.worker_active: dict[str, int] = {}
         self.last_heard: dict[str, float] = {}
@@ -100,7 +129,7 @@ class ServiceMetrics:
         self.malformed = 0
         self.dropped = 0  # well-formed events of no interest (types we do not count)
         self._series_of: dict[str, set[tuple[str, Any]]] = collections.defaultdict(set)
-        self._task_names: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._tasks: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()  # uuid → name, queue
         self._tombstones: collections.OrderedDict[str, float] = collections.OrderedDict()
 
     # --- the hot path -----------------------------------------------------------------------
@@ -165,44 +194,56 @@ class ServiceMetrics:
         if kind not in TASK_EVENT_KINDS:
             self.dropped += 1
             return
-        uuid = event.get("uuid")
-        name = event.get("name")
-        if name and uuid:
-            names = self._task_names
-            names[uuid] = name
-            if len(names) > TASK_NAMES_KEPT:
-                names.popitem(last=False)
-        elif uuid:
-            name = self._task_names.get(uuid)
-        task = name or "unknown"
         worker = GENERIC_WORKER if kind == "sent" else worker_of(hostname)
         if worker in self._tombstones:
             return  # a late event of a deleted pod: its series stay gone
+        uuid = event.get("uuid")
+        name = event.get("name")
+        known = self._tasks.get(uuid) if uuid else None
+        if known is not None and (not name or name == known[0]):
+            task, queue = known
+        else:
+            task = name or "unknown"
+            # A handler's queue is known; task-sent's `queue` is Celery's router's guess (its default queue for a
+            # message published to the events exchange), so it counts only for the tasks of no handler.
+            found = self.handler_queues.get(task)
+            if found is None:
+                sent_to = event.get("queue") if kind == "sent" else None
+                found = sent_to if _is_label(sent_to) else DEFAULT_QUEUE
+            queue = found
+            if uuid:
+                tasks = self._tasks
+                tasks[uuid] = (task, queue)
+                if len(tasks) > TASKS_KEPT:
+                    tasks.popitem(last=False)
         if worker != GENERIC_WORKER:
             self.last_heard[worker] = now
         exception = exception_class(_text(event.get("exception"))) if kind in WITH_EXCEPTION else ""
-        key = (kind, task, worker, exception)
+        key = (kind, task, worker, queue, exception)
         counters = self.counters
         if key in counters:
             counters[key] += 1
         else:
-            counters[key] = 1
-            self._series_of[worker].add(("counter", key))
+            self._new_counter(key)
         if kind == "succeeded":
             runtime = event.get("runtime")
-            if _is_duration(runtime):
-                self._observe_runtime((task, worker), float(runtime))
+            if _is_duration(runtime) and self.runtime.observe((task, worker, queue), float(runtime)):
+                self._series_of[worker].add(("runtime", (task, worker, queue)))
         if uuid and kind in ("succeeded", "failed", "rejected", "revoked"):
-            self._task_names.pop(uuid, None)  # done: no later event of it needs the name
+            self._tasks.pop(uuid, None)  # done: no later event of it needs the name
 
-    def _observe_runtime(self, key: RuntimeKey, runtime: float) -> None:
-        buckets = self.runtime_buckets.get(key)
-        if buckets is None:
-            buckets = self.runtime_buckets[key] = [0] * (len(RUNTIME_BUCKETS) + 1)
-            self.runtime_sum[key] = 0.0
-            self._series_of[key[1]].add(("runtime", key))
-        buckets[bisect.bisect_left(RUNTIME_BUCKETS, runtime)] += 1
-        self.runtime_sum[key] += runtime
+    def _new_counter(self, key: CounterKey) -> None:
+        kind, task, worker, queue, _ = key
+        series = self._series_of[worker]
+        self.counters[key] = 1
+        series.add(("counter", key))
+        if kind == "sent":
+            return
+        for other in WORKER_KINDS:
+            zero = (other, task, worker, queue, "")
+            if zero not in self.counters:
+                self.counters[zero] = 0
+                series.add(("counter", zero))
 
     def _worker_event(self, kind: str, event: dict[str, Any], worker: str, now: float) -> None:
         if worker in self._tombstones:
@@ -228,8 +269,7 @@ class ServiceMetrics:
             if series == "counter":
                 self.counters.pop(key, None)
             else:
-                self.runtime_buckets.pop(key, None)
-                self.runtime_sum.pop(key, None)
+                self.runtime.remove(key)
         for per_worker in (self.worker_up, self.worker_active, self.last_heard):
             per_worker.pop(worker, None)
         self._tombstones[worker] = now
@@ -253,7 +293,7 @@ class ServiceMetrics:
     def series_count(self) -> int:
         return (
             len(self.counters)
-            + len(self.runtime_buckets)
+            + len(self.runtime.counts)
             + len(self.worker_up)
             + len(self.worker_active)
             + len(self.queue_length)

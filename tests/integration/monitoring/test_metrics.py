@@ -25,6 +25,7 @@ APPS = REPO / "tests" / "integration" / "injection" / "apps"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 PODS = "/api/v1/namespaces/default/pods"
 TASK = "orders.order.created"
+QUEUE = "billing.orders.order.created"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -41,12 +42,12 @@ def scrape(operator: OperatorProcess, service: str = "billing") -> Samples:
     }
 
 
-def value(found: Samples, name: str, **labels: str) -> float:
-    return found.get((name, tuple(sorted(labels.items()))), 0.0)
+def value(found: Samples, metric: str, **labels: str) -> float:
+    return found.get((metric, tuple(sorted(labels.items()))), 0.0)
 
 
 def workers_in(found: Samples) -> set[str]:
-    return {dict(labels)["worker"] for _, labels in found if "worker" in dict(labels)} - {"generic"}
+    return {dict(labels)["hostname"] for _, labels in found if "hostname" in dict(labels)} - {"generic"}
 
 
 @pytest.fixture
@@ -113,24 +114,26 @@ def test_real_workers_produce_exact_counters(
 
         def settled() -> Samples:
             found = scrape(operator)
-            assert value(found, "celery_task_failed_total", task=TASK, worker=pod_name, exception="KeyError") == 2
-            assert value(found, "celery_task_succeeded_total", task=TASK, worker=pod_name) == 4
+            assert value(found, "celery_task_failed_total", exception="KeyError", **task) == 2
+            assert value(found, "celery_task_succeeded_total", **task) == 4
+            assert value(found, "celery_active_consumer_count", queue_name=QUEUE) == 1, "the worker consumes"
             return found
 
+        task = {"name": TASK, "hostname": pod_name, "queue_name": QUEUE}
         found = eventually(settled, timeout=30, message="the events did not add up")
     finally:
         worker.stop()
     # Publishes: 3 ok + 2 always-failing (fired, retry copy, archive copy) + 1 flaky (fired, retry copy).
-    assert value(found, "celery_task_sent_total", task=TASK, worker="generic") == 11
-    assert value(found, "celery_task_received_total", task=TASK, worker=pod_name) == 9
-    assert value(found, "celery_task_started_total", task=TASK, worker=pod_name) == 9
-    assert value(found, "celery_task_retried_total", task=TASK, worker=pod_name, exception="KeyError") == 2
-    assert value(found, "celery_task_retried_total", task=TASK, worker=pod_name, exception="ValueError") == 1
-    assert value(found, "celery_task_runtime_seconds_count", task=TASK, worker=pod_name) == 4
-    assert value(found, "celery_task_runtime_seconds_bucket", task=TASK, worker=pod_name, le="+Inf") == 4
-    assert value(found, "celery_worker_up", worker=pod_name) == 1
-    assert value(found, "celery_queue_length", queue="billing.orders.order.created", role="events") == 0
-    assert ("celery_queue_length", (("queue", "billing:archived"), ("role", "archive"))) in found
+    assert value(found, "celery_task_sent_total", name=TASK, hostname="generic", queue_name=QUEUE) == 11
+    assert value(found, "celery_task_received_total", **task) == 9
+    assert value(found, "celery_task_started_total", **task) == 9
+    assert value(found, "celery_task_retried_total", exception="KeyError", **task) == 2
+    assert value(found, "celery_task_retried_total", exception="ValueError", **task) == 1
+    assert value(found, "celery_task_runtime_count", **task) == 4
+    assert value(found, "celery_task_runtime_bucket", le="+Inf", **task) == 4
+    assert value(found, "celery_worker_up", hostname=pod_name) == 1
+    assert value(found, "celery_queue_length", queue_name=QUEUE) == 0
+    assert ("celery_event_operator_archive_queue_length", (("queue_name", "billing:archived"),)) in found
 
 
 def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(
@@ -183,12 +186,13 @@ def test_garbage_is_counted_and_metrics_stay_correct(
     )
     found = eventually(
         lambda: (
-            value(scrape(operator), "celery_task_received_total", task="n", worker="pod-a") == 1 and scrape(operator)
+            value(scrape(operator), "celery_task_received_total", name="n", hostname="pod-a", queue_name="celery") == 1
+            and scrape(operator)
         ),
         timeout=10,
     )
     # not JSON, no type, a batch of two non-events, one huge event
-    assert value(found, "celery_event_operator_events_malformed_total") == 5
+    assert value(found, "celery_event_operator_events_malformed_total") == 4
     assert operator.alive()
 
 

@@ -30,9 +30,9 @@ def samples(registry: MetricsRegistry) -> dict[tuple[str, tuple[tuple[str, str],
     }
 
 
-def value(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+def value(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], metric: str, **labels: str) -> float:
     wanted = {"namespace": "shop", "service_name": "billing", **labels}
-    return found[(name, tuple(sorted(wanted.items())))]
+    return found[(metric, tuple(sorted(wanted.items())))]
 
 
 @pytest.mark.parametrize(
@@ -53,8 +53,9 @@ def test_exception_class(text: str, expected: str) -> None:
 def test_task_lifecycle_counters_histogram_and_names_from_the_lru() -> None:
     registry = MetricsRegistry()
     metrics = registry.service("shop", "billing")
+    metrics.handler_queues = {"orders.created": "billing.orders.created"}
     for item in [
-        event("task-sent", "producer-x", uuid="t1", name="orders.created"),
+        event("task-sent", "producer-x", uuid="t1", name="orders.created", queue=None, exchange="events"),
         event("task-received", uuid="t1", name="orders.created"),
         event("task-started", uuid="t1"),  # no name: found by uuid
         event("task-succeeded", uuid="t1", runtime=0.3),
@@ -66,18 +67,63 @@ def test_task_lifecycle_counters_histogram_and_names_from_the_lru() -> None:
     ]:
         metrics.ingest_message(json.dumps(item).encode(), now=10.0)
     found = samples(registry)
-    task = {"task": "orders.created"}
-    assert value(found, "celery_task_sent_total", worker="generic", **task) == 1
-    assert value(found, "celery_task_received_total", worker="pod-a", **task) == 3
-    assert value(found, "celery_task_started_total", worker="pod-a", **task) == 2
-    assert value(found, "celery_task_succeeded_total", worker="pod-a", **task) == 1
-    assert value(found, "celery_task_retried_total", worker="pod-a", exception="KeyError", **task) == 1
-    assert value(found, "celery_task_failed_total", worker="pod-a", exception="ValueError", **task) == 1
-    assert value(found, "celery_task_runtime_seconds_bucket", worker="pod-a", le="0.25", **task) == 0
-    assert value(found, "celery_task_runtime_seconds_bucket", worker="pod-a", le="0.5", **task) == 1
-    assert value(found, "celery_task_runtime_seconds_count", worker="pod-a", **task) == 1
-    assert value(found, "celery_task_runtime_seconds_sum", worker="pod-a", **task) == pytest.approx(0.3)
+    task = {"name": "orders.created", "queue_name": "billing.orders.created"}
+    assert value(found, "celery_task_sent_total", hostname="generic", **task) == 1
+    assert value(found, "celery_task_received_total", hostname="pod-a", **task) == 3
+    assert value(found, "celery_task_started_total", hostname="pod-a", **task) == 2
+    assert value(found, "celery_task_succeeded_total", hostname="pod-a", **task) == 1
+    assert value(found, "celery_task_retried_total", hostname="pod-a", exception="KeyError", **task) == 1
+    assert value(found, "celery_task_failed_total", hostname="pod-a", exception="ValueError", **task) == 1
+    assert value(found, "celery_task_runtime_bucket", hostname="pod-a", le="0.25", **task) == 0
+    assert value(found, "celery_task_runtime_bucket", hostname="pod-a", le="0.5", **task) == 1
+    assert value(found, "celery_task_runtime_count", hostname="pod-a", **task) == 1
+    assert value(found, "celery_task_runtime_sum", hostname="pod-a", **task) == pytest.approx(0.3)
     assert value(found, "celery_event_operator_events_consumed_total") == 9
+
+
+def test_queue_name_is_where_the_task_was_sent_else_its_handler_queue_else_celerys_default() -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    metrics.handler_queues = {"orders.created": "billing.orders.created"}
+    for item in [
+        event("task-sent", "web", uuid="a", name="reports.build", queue="reports"),
+        event("task-received", uuid="a", name="reports.build"),
+        event("task-started", uuid="a"),
+        event("task-received", uuid="b", name="orders.created"),
+        event("task-received", uuid="c", name="cleanup"),
+        event("task-revoked", uuid="c"),
+    ]:
+        metrics.ingest(item, 1.0)
+    found = samples(registry)
+    assert value(found, "celery_task_sent_total", name="reports.build", hostname="generic", queue_name="reports") == 1
+    assert value(found, "celery_task_started_total", name="reports.build", hostname="pod-a", queue_name="reports") == 1
+    assert (
+        value(
+            found,
+            "celery_task_received_total",
+            name="orders.created",
+            hostname="pod-a",
+            queue_name="billing.orders.created",
+        )
+        == 1
+    )
+    assert value(found, "celery_task_revoked_total", name="cleanup", hostname="pod-a", queue_name="celery") == 1
+
+
+def test_a_tasks_first_series_of_a_worker_brings_its_other_worker_series_at_zero() -> None:
+    """As celery-exporter: `failed / (failed + succeeded)` has a denominator for a task that never succeeded."""
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    metrics.ingest(event("task-sent", "web", uuid="a", name="n", queue="q"), 1.0)
+    metrics.ingest(event("task-failed", uuid="a", exception="KeyError('x')"), 1.0)
+    labels = {"name": "n", "hostname": "pod-a", "queue_name": "q"}
+    found = samples(registry)
+    assert value(found, "celery_task_failed_total", exception="KeyError", **labels) == 1
+    for kind in ("received", "started", "succeeded", "rejected", "revoked"):
+        assert value(found, f"celery_task_{kind}_total", **labels) == 0
+    assert value(found, "celery_task_failed_total", exception="", **labels) == 0
+    assert value(found, "celery_task_retried_total", exception="", **labels) == 0
+    assert len([key for key in found if key[0] == "celery_task_sent_total"]) == 1, "producers get no zero series"
 
 
 def test_workers_up_active_and_offline() -> None:
@@ -85,11 +131,11 @@ def test_workers_up_active_and_offline() -> None:
     metrics = registry.service("shop", "billing")
     metrics.ingest(event("worker-online"), 1.0)
     metrics.ingest(event("worker-heartbeat", active=3), 2.0)
-    assert value(samples(registry), "celery_worker_tasks_active", worker="pod-a") == 3
+    assert value(samples(registry), "celery_worker_tasks_active", hostname="pod-a") == 3
     metrics.ingest(event("worker-offline"), 3.0)
     found = samples(registry)
-    assert value(found, "celery_worker_up", worker="pod-a") == 0
-    assert value(found, "celery_worker_tasks_active", worker="pod-a") == 0
+    assert value(found, "celery_worker_up", hostname="pod-a") == 0
+    assert value(found, "celery_worker_tasks_active", hostname="pod-a") == 0
 
 
 @pytest.mark.parametrize(
@@ -108,7 +154,7 @@ def test_malformed_messages_are_counted_and_skipped(body: bytes) -> None:
     assert metrics.malformed == 1
     assert metrics.counters == {}
     metrics.ingest_message(json.dumps(event("task-received", uuid="t", name="n")).encode(), 1.0)
-    assert metrics.counters == {("received", "n", "pod-a", ""): 1}
+    assert metrics.counters[("received", "n", "pod-a", "celery", "")] == 1
 
 
 def test_batched_events_and_unknown_types() -> None:
@@ -119,7 +165,7 @@ def test_batched_events_and_unknown_types() -> None:
         ).encode(),
         1.0,
     )
-    assert metrics.counters == {("received", "n", "pod-a", ""): 1}
+    assert metrics.counters[("received", "n", "pod-a", "celery", "")] == 1
     assert metrics.dropped == 2
 
 
@@ -132,7 +178,7 @@ def test_forget_worker_removes_every_series_and_ignores_late_events() -> None:
         metrics.ingest(event("task-succeeded", worker, uuid=worker, runtime=0.01), 1.0)
     metrics.forget_worker("pod-a", 2.0)
     metrics.ingest(event("worker-offline", "pod-a"), 3.0)  # its last words arrive after the deletion
-    workers = {dict(labels).get("worker") for (_, labels) in samples(registry)} - {None}
+    workers = {dict(labels).get("hostname") for (_, labels) in samples(registry)} - {None}
     assert workers == {"pod-b"}
 
 
@@ -144,17 +190,17 @@ def test_sweep_keeps_live_pods_and_recently_heard_workers() -> None:
     metrics.ingest(event("task-sent", "producer", uuid="u", name="n"), 0.0)
     assert metrics.sweep(["live-pod"], now=100.0, silence_seconds=60.0) == ["vanished-pod"]
     assert set(metrics.worker_up) == {"live-pod", "laptop-worker"}
-    assert ("sent", "n", "generic", "") in metrics.counters, "producers are no workers to sweep"
+    assert ("sent", "n", "generic", "celery", "") in metrics.counters, "producers are no workers to sweep"
 
 
 def test_task_name_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state, "TASK_NAMES_KEPT", 3)
+    monkeypatch.setattr(state, "TASKS_KEPT", 3)
     metrics = state.ServiceMetrics("shop", "billing")
     for index in range(10):
         metrics.ingest(event("task-received", uuid=f"t{index}", name="n"), 1.0)
-    assert len(metrics._task_names) == 3
+    assert len(metrics._tasks) == 3
     metrics.ingest(event("task-started", uuid="t0"), 1.0)
-    assert ("started", "unknown", "pod-a", "") in metrics.counters
+    assert metrics.counters[("started", "unknown", "pod-a", "celery", "")] == 1
 
 
 def test_removing_a_service_removes_its_series() -> None:
@@ -192,9 +238,9 @@ def test_a_runtime_that_is_no_duration_counts_the_task_but_is_not_observed(runti
     body += runtime + "}"
     metrics.ingest_message(body.encode(), 1.0)
     metrics.ingest_message(json.dumps(event("task-succeeded", uuid="v", name="n", runtime=0.5)).encode(), 1.0)
-    assert metrics.counters[("succeeded", "n", "pod-a", "")] == 2
-    assert metrics.runtime_sum[("n", "pod-a")] == 0.5
-    assert sum(metrics.runtime_buckets[("n", "pod-a")]) == 1
+    assert metrics.counters[("succeeded", "n", "pod-a", "celery", "")] == 2
+    assert metrics.runtime.sums[("n", "pod-a", "celery")] == 0.5
+    assert sum(metrics.runtime.counts[("n", "pod-a", "celery")]) == 1
 
 
 def test_an_oversized_task_failed_counts_as_a_failure_from_its_head_and_tail() -> None:
@@ -206,7 +252,7 @@ def test_an_oversized_task_failed_counts_as_a_failure_from_its_head_and_tail() -
     body = json.dumps(failed).encode()
     assert len(body) > 2 * state.MAX_EVENT_BYTES
     metrics.ingest_oversized(body[:32768], body[-32768:], len(body), 1.0)
-    assert metrics.counters[("failed", "orders.charge", "pod-a", "PaymentDeclined")] == 1
+    assert metrics.counters[("failed", "orders.charge", "pod-a", "celery", "PaymentDeclined")] == 1
     assert metrics.malformed == 0
 
 
@@ -259,8 +305,8 @@ def test_fuzzed_bodies_interleaved_with_good_events_never_raise_and_good_events_
         metrics.ingest_message(text.encode(), 1.0)
         metrics.ingest_message(json.dumps(event("task-received", uuid=f"g{round_}", name="good")).encode(), 1.0)
         good += 1
-    assert metrics.counters[("received", "good", "pod-a", "")] == good
-    assert all(math.isfinite(total) for total in metrics.runtime_sum.values())
+    assert metrics.counters[("received", "good", "pod-a", "celery", "")] == good
+    assert all(math.isfinite(total) for total in metrics.runtime.sums.values())
     assert all(
         len(key[1]) <= state.MAX_LABEL_CHARS and len(key[2]) <= state.MAX_LABEL_CHARS for key in metrics.counters
     )
