@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import pathlib
 import random
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_event_operator import options as options_module
+from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 from celery_event_operator.options import OperatorOptions, WebhookOptions
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
@@ -57,6 +59,8 @@ def _options(args: argparse.Namespace) -> OperatorOptions:
         resync_seconds=args.resync_seconds,
         metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr,
+        runtime_buckets=args.runtime_buckets,
+        queue_wait_buckets=args.queue_wait_buckets,
         webhook=webhook,
         namespaces=tuple(getattr(args, "namespace", ()) or ()),
         shard_index=getattr(args, "shard_index", 0),
@@ -74,6 +78,18 @@ def _priority(given: int | None) -> int:
 def _add_webhook_options(parser: argparse.ArgumentParser, default_addr: str) -> None:
     parser.add_argument("--metrics-port", type=int, default=9808, help="port of /metrics (0: none)")
     parser.add_argument("--metrics-addr", default=default_addr, help="address /metrics listens on")
+    parser.add_argument(
+        "--runtime-buckets",
+        type=_buckets,
+        default=RUNTIME_BUCKETS,
+        help="upper bounds of celery_task_runtime's buckets, seconds, comma-separated (+Inf is added)",
+    )
+    parser.add_argument(
+        "--queue-wait-buckets",
+        type=_buckets,
+        default=QUEUE_WAIT_BUCKETS,
+        help="upper bounds of celery_task_queue_wait_time's buckets, seconds, comma-separated (+Inf is added)",
+    )
     parser.add_argument("--webhook-port", type=int, default=9443, help="HTTPS port of the admission webhook (0: none)")
     parser.add_argument("--webhook-addr", default=default_addr, help="address the webhook listens on")
     parser.add_argument("--webhook-host", default="localhost", help="host name in a self-signed certificate")
@@ -173,6 +189,17 @@ def _duration(text: str) -> float:
         return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
     except (ValueError, IndexError):
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90, 90s, 5m, 2h, 1d)") from None
+
+
+def _buckets(text: str) -> tuple[float, ...]:
+    """`0.1,0.5,1,5`: increasing, finite, positive upper bounds."""
+    try:
+        bounds = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+    if not all(0 < bound < math.inf for bound in bounds) or list(bounds) != sorted(set(bounds)):
+        raise argparse.ArgumentTypeError(f"bounds must be positive, finite and increasing: {text!r}")
+    return bounds
 
 
 def _positive_int(text: str) -> int:

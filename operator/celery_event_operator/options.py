@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
+
 DEFAULT_RESYNC_SECONDS = 30.0
 DEFAULT_METRICS_PORT = 9808
 DEFAULT_WEBHOOK_PORT = 9443
@@ -32,6 +34,8 @@ class OperatorOptions:
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     metrics_port: int = DEFAULT_METRICS_PORT  # 0: no /metrics server
     metrics_addr: str = "0.0.0.0"
+    runtime_buckets: tuple[float, ...] = RUNTIME_BUCKETS  # celery_task_runtime's upper bounds, seconds
+    queue_wait_buckets: tuple[float, ...] = QUEUE_WAIT_BUCKETS  # celery_task_queue_wait_time's
     webhook: WebhookOptions | None = dataclasses.field(default_factory=WebhookOptions)  # None: no webhook
     namespaces: tuple[str, ...] = ()  # empty: cluster-wide
     shard_index: int = 0

@@ -77,7 +77,7 @@ class Context:
             kube=kube,
             secrets=SecretReader(kube),
             brokers=Brokers(),
-            metrics=MetricsRegistry(),
+            metrics=MetricsRegistry(options.runtime_buckets, options.queue_wait_buckets),
             injections=InjectionCatalog(kube),
         )
         if options.metrics_port:
@@ -251,6 +251,9 @@ class ServiceKeeper:
             if result.depths is not None:  # celery_queue_length & co.
                 metrics.queue_length = {(depth.queue, depth.role): depth.waiting for depth in result.depths}
                 metrics.queue_consumers = {d.queue: d.consumers for d in result.depths if d.role == "events"}
+            metrics.replicas = result.status.get("replicas")
+            # the autoscaler's or spec's wish, else what the workload itself asks for
+            metrics.desired_replicas = result.status.get("desiredReplicas", self._scaler.scale)
             now = time.monotonic()
             if now - self._swept_at >= SWEEP_SECONDS:
                 self._swept_at = now

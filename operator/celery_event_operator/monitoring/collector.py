@@ -15,7 +15,14 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from celery_event_operator.monitoring.state import TASK_EVENT_KINDS, WITH_EXCEPTION, Histogram, ServiceMetrics
+from celery_event_operator.monitoring.state import (
+    QUEUE_WAIT_BUCKETS,
+    RUNTIME_BUCKETS,
+    TASK_EVENT_KINDS,
+    WITH_EXCEPTION,
+    Histogram,
+    ServiceMetrics,
+)
 
 SERVICE_LABELS = ["namespace", "service_name"]
 # celery-exporter's: `hostname` is the Celery hostname after `@` (the pod name), `queue_name` the queue consumed from
@@ -25,7 +32,13 @@ TASK_LABELS = [*SERVICE_LABELS, "name", "hostname", "queue_name"]
 class MetricsRegistry:
     """The metrics state of every monitored service, and the operator's own counters."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        runtime_buckets: tuple[float, ...] = RUNTIME_BUCKETS,
+        queue_wait_buckets: tuple[float, ...] = QUEUE_WAIT_BUCKETS,
+    ) -> None:
+        self.runtime_buckets = runtime_buckets
+        self.queue_wait_buckets = queue_wait_buckets
         self._services: dict[tuple[str, str], ServiceMetrics] = {}
         self._lock = threading.Lock()  # for adding and removing services only, never on the event path
         self.reconciles: dict[str, int] = {"success": 0, "failure": 0}
@@ -36,7 +49,8 @@ class MetricsRegistry:
         with self._lock:
             found = self._services.get((namespace, service))
             if found is None:
-                found = self._services[(namespace, service)] = ServiceMetrics(namespace, service)
+                found = ServiceMetrics(namespace, service, self.runtime_buckets, self.queue_wait_buckets)
+                self._services[(namespace, service)] = found
             return found
 
     def find(self, namespace: str, service: str) -> ServiceMetrics | None:
@@ -87,6 +101,12 @@ class EventsCollector(Collector):
         runtime = HistogramMetricFamily(
             "celery_task_runtime", "Runtime of succeeded tasks (seconds).", labels=TASK_LABELS
         )
+        queue_wait = HistogramMetricFamily(
+            "celery_task_queue_wait_time",
+            "Time from a task's sending (else its receipt by a worker) to its start, without ETA or countdown delay"
+            " (seconds).",
+            labels=TASK_LABELS,
+        )
         up = GaugeMetricFamily(
             "celery_worker_up",
             "1 while the worker sends heartbeats, 0 after it went offline.",
@@ -125,6 +145,19 @@ class EventsCollector(Collector):
             "Messages on the events queue that were no Celery event (skipped).",
             labels=SERVICE_LABELS,
         )
+        replicas = GaugeMetricFamily(
+            "celery_event_operator_replicas", "The service's worker pods running.", labels=SERVICE_LABELS
+        )
+        desired_replicas = GaugeMetricFamily(
+            "celery_event_operator_desired_replicas",
+            "The worker replicas wanted: the autoscaler's or spec.workers.replicas, else the workload's own.",
+            labels=SERVICE_LABELS,
+        )
+        consumer_up = GaugeMetricFamily(
+            "celery_event_operator_events_consumer_up",
+            "1 while the service's events consumer consumes; 0 while it is not (its series then stand still).",
+            labels=SERVICE_LABELS,
+        )
         dropped = CounterMetricFamily(
             "celery_event_operator_events_dropped", "Celery events of types no metric counts.", labels=SERVICE_LABELS
         )
@@ -147,6 +180,7 @@ class EventsCollector(Collector):
                     [*service, task, worker, queue, *([exception] if kind in WITH_EXCEPTION else [])], count
                 )
             _histogram_samples(runtime, service, metrics.runtime)
+            _histogram_samples(queue_wait, service, metrics.queue_wait)
             for worker, value in metrics.worker_up.copy().items():
                 up.add_metric([*service, worker], value)
             for worker, value in metrics.worker_active.copy().items():
@@ -159,9 +193,14 @@ class EventsCollector(Collector):
             consumed.add_metric(service, metrics.events_consumed)
             malformed.add_metric(service, metrics.malformed)
             dropped.add_metric(service, metrics.dropped)
+            consumer_up.add_metric(service, 1 if metrics.consumer_connected else 0)
+            if metrics.replicas is not None:
+                replicas.add_metric(service, metrics.replicas)
+            if metrics.desired_replicas is not None:
+                desired_replicas.add_metric(service, metrics.desired_replicas)
         yield from tasks.values()
-        yield from (runtime, up, active, *queue_families.values(), consumers)
-        yield from (consumed, malformed, dropped, reconciles, status_pass)
+        yield from (runtime, queue_wait, up, active, *queue_families.values(), consumers)
+        yield from (replicas, desired_replicas, consumer_up, consumed, malformed, dropped, reconciles, status_pass)
 
 
 def serve_metrics(metrics: MetricsRegistry, port: int, addr: str) -> None:

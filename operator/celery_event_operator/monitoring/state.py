@@ -24,18 +24,21 @@ WITH_EXCEPTION = frozenset({"failed", "retried"})
 WORKER_KINDS = TASK_EVENT_KINDS[1:]
 # Seconds; task runtimes from a few milliseconds to several minutes.
 RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Seconds; celery-exporter's: healthy queues sit near zero, a backlog grows to minutes.
+QUEUE_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 GENERIC_WORKER = "generic"  # task-sent comes from producers, which are no workers
 DEFAULT_QUEUE = "celery"  # Celery's task_default_queue: a task of no handler and of no task-sent seen
 MAX_EVENT_BYTES = 64 * 1024
 MAX_LABEL_CHARS = 512  # longer task names or hostnames are no Celery's: such an event is malformed
 # Events that are legitimately larger than MAX_EVENT_BYTES (their traceback), counted from their short fields.
 OVERSIZED_KINDS = frozenset({"task-failed", "task-retried"})
-TASKS_KEPT = 50_000  # task uuid → name and queue, for events that do not carry them
+TASKS_KEPT = 50_000  # task uuid → name, queue and wait start, for events that do not carry them
 TOMBSTONES_KEPT = 10_000
 TOMBSTONE_SECONDS = 600.0
 
 CounterKey = tuple[str, str, str, str, str]  # kind, task, worker, queue, exception ("" when none)
 HistogramKey = tuple[str, str, str]  # task, worker, queue
+TaskMemory = tuple[str, str, float | None]  # name, queue, when its wait for a worker began (None: not measured)
 
 
 def worker_of(hostname: str) -> str:
@@ -112,11 +115,18 @@ class Histogram:
 
 
 class ServiceMetrics:
-    def __init__(self, namespace: str, service: str) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        service: str,
+        runtime_buckets: tuple[float, ...] = RUNTIME_BUCKETS,
+        queue_wait_buckets: tuple[float, ...] = QUEUE_WAIT_BUCKETS,
+    ) -> None:
         self.namespace = namespace
         self.service = service
         self.counters: dict[CounterKey, int] = {}
-        self.runtime = Histogram(RUNTIME_BUCKETS)
+        self.runtime = Histogram(runtime_buckets)
+        self.queue_wait = Histogram(queue_wait_buckets)
         # task name → the handler queue it is consumed from (set from the service's spec)
         self.handler_queues: dict[str, str] = {}
         self.worker_up: dict[str, int] = {}
@@ -124,12 +134,14 @@ class ServiceMetrics:
         self.last_heard: dict[str, float] = {}
         self.queue_length: dict[tuple[str, str], int] = {}  # (queue, role) → messages
         self.queue_consumers: dict[str, int] = {}
+        self.replicas: int | None = None  # the workers' pods running, and their desired number (None: unknown)
+        self.desired_replicas: int | None = None
         self.events_consumed = 0
         self.consumer_connected = False  # set by the events connection: is this service's consumer live?
         self.malformed = 0
         self.dropped = 0  # well-formed events of no interest (types we do not count)
         self._series_of: dict[str, set[tuple[str, Any]]] = collections.defaultdict(set)
-        self._tasks: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()  # uuid → name, queue
+        self._tasks: collections.OrderedDict[str, TaskMemory] = collections.OrderedDict()
         self._tombstones: collections.OrderedDict[str, float] = collections.OrderedDict()
 
     # --- the hot path -----------------------------------------------------------------------
@@ -201,21 +213,31 @@ class ServiceMetrics:
         name = event.get("name")
         known = self._tasks.get(uuid) if uuid else None
         if known is not None and (not name or name == known[0]):
-            task, queue = known
+            task, queue, waiting_since = known
         else:
             task = name or "unknown"
-            # A handler's queue is known; task-sent's `queue` is Celery's router's guess (its default queue for a
-            # message published to the events exchange), so it counts only for the tasks of no handler.
-            found = self.handler_queues.get(task)
-            if found is None:
-                sent_to = event.get("queue") if kind == "sent" else None
-                found = sent_to if _is_label(sent_to) else DEFAULT_QUEUE
-            queue = found
-            if uuid:
-                tasks = self._tasks
-                tasks[uuid] = (task, queue)
-                if len(tasks) > TASKS_KEPT:
-                    tasks.popitem(last=False)
+            queue, waiting_since, known = self._queue_of(task, kind, event), None, None
+        # The wait for a worker starts when the task was sent, else (its task-sent not seen here, or a retry the
+        # broker held back on purpose) when a worker received it; a task with an ETA or countdown waits on purpose.
+        if kind == "started":
+            if waiting_since is not None:
+                self._observe_wait((task, worker, queue), event.get("timestamp"), waiting_since)
+                waiting_since = None
+        elif kind == "received":
+            if event.get("eta"):
+                waiting_since = None
+            elif waiting_since is None:
+                stamp = event.get("timestamp")
+                waiting_since = float(stamp) if _is_duration(stamp) else None
+        elif kind == "sent":
+            stamp = event.get("timestamp")
+            deliberate = event.get("eta") or event.get("retries")
+            waiting_since = float(stamp) if not deliberate and _is_duration(stamp) else None
+        if uuid and (known is None or waiting_since is not known[2]):
+            tasks = self._tasks
+            tasks[uuid] = (task, queue, waiting_since)
+            if len(tasks) > TASKS_KEPT:
+                tasks.popitem(last=False)
         if worker != GENERIC_WORKER:
             self.last_heard[worker] = now
         exception = exception_class(_text(event.get("exception"))) if kind in WITH_EXCEPTION else ""
@@ -231,6 +253,19 @@ class ServiceMetrics:
                 self._series_of[worker].add(("runtime", (task, worker, queue)))
         if uuid and kind in ("succeeded", "failed", "rejected", "revoked"):
             self._tasks.pop(uuid, None)  # done: no later event of it needs the name
+
+    def _queue_of(self, task: str, kind: str, event: dict[str, Any]) -> str:
+        """A handler's queue is known; task-sent's `queue` is Celery's router's guess (its default queue for a
+        message published to the events exchange), so it counts only for the tasks of no handler."""
+        queue = self.handler_queues.get(task)
+        if queue is None:
+            sent_to = event.get("queue") if kind == "sent" else None
+            queue = sent_to if _is_label(sent_to) else DEFAULT_QUEUE
+        return queue
+
+    def _observe_wait(self, key: HistogramKey, stamp: object, since: float) -> None:
+        if _is_duration(stamp) and self.queue_wait.observe(key, max(0.0, stamp - since)):  # clock skew: 0
+            self._series_of[key[1]].add(("queue_wait", key))
 
     def _new_counter(self, key: CounterKey) -> None:
         kind, task, worker, queue, _ = key
@@ -268,8 +303,10 @@ class ServiceMetrics:
         for series, key in self._series_of.pop(worker, ()):
             if series == "counter":
                 self.counters.pop(key, None)
-            else:
+            elif series == "runtime":
                 self.runtime.remove(key)
+            else:
+                self.queue_wait.remove(key)
         for per_worker in (self.worker_up, self.worker_active, self.last_heard):
             per_worker.pop(worker, None)
         self._tombstones[worker] = now
@@ -294,6 +331,7 @@ class ServiceMetrics:
         return (
             len(self.counters)
             + len(self.runtime.counts)
+            + len(self.queue_wait.counts)
             + len(self.worker_up)
             + len(self.worker_active)
             + len(self.queue_length)

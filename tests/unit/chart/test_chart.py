@@ -3,6 +3,7 @@ Kubernetes schemas (kubernetes-validate, strict) of the oldest and newest suppor
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from typing import Any
@@ -16,7 +17,9 @@ from celery_event_operator import cli
 from celery_event_operator.api import crd
 from celery_event_operator.kubeapi import API_CALLS
 from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
+from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 from tests.conftest import REPO
+from tests.support import metric_names
 
 CHART = REPO / "charts" / "celery-event-operator"
 KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")  # the chart's kubeVersion floor, and the newest schemas here
@@ -39,9 +42,12 @@ VALUE_SETS = [
             "metrics": {
                 "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
                 "prometheusRule": {"enabled": True},
+                "dashboard": {"enabled": True},
+                "runtimeBuckets": [0.1, 1],
+                "queueWaitBuckets": [1, 60],
             }
         },
-        id="service-monitor-and-rules",
+        id="service-monitor-rules-and-dashboard",
     ),
     pytest.param({"watchNamespaces": ["shop", "billing"]}, id="namespaced"),
     pytest.param({"crds": {"enabled": False}}, id="no-crds"),
@@ -124,6 +130,8 @@ def test_operator_pod_is_hardened() -> None:
         pytest.param({"sharding": {"shards": 0}}, id="no-shards"),
         pytest.param({"resources": {"limits": {"memory": "lots"}}}, id="bad-quantity"),
         pytest.param({"resources": {"limit": {"memory": "1Gi"}}}, id="misspelt-resources"),
+        pytest.param({"metrics": {"runtimeBuckets": [0, 1]}}, id="zero-bucket"),
+        pytest.param({"metrics": {"queueWaitBuckets": ["1m"]}}, id="bucket-not-a-number"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(values: dict[str, Any]) -> None:
@@ -241,6 +249,7 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
         "CeleryArchiveFillingUp",
         "CeleryTaskFailureRate",
         "CeleryQueueWithoutConsumers",
+        "CeleryEventsNotConsumed",
         "CeleryEventOperatorReconcileFailures",
     }
     registry = MetricsRegistry()
@@ -248,6 +257,35 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
     exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
     used = set(re.findall(r"\b(celery_[a-z_]+)", " ".join(alerts.values())))
     assert used <= exported, f"alerts on metrics nobody exports: {used - exported}"
+
+
+def test_the_dashboard_is_an_opt_in_configmap_for_grafanas_sidecar_on_exported_metrics() -> None:
+    assert not [d for d in render({}) if d["kind"] == "ConfigMap"], "opt-in"
+    documents = render({"metrics": {"dashboard": {"enabled": True, "annotations": {"grafana_folder": "Celery"}}}})
+    [configmap] = [d for d in documents if d["kind"] == "ConfigMap"]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "Celery"}
+    dashboard = json.loads(configmap["data"]["celery-event-operator.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "celery-event-operator.json").read_text())
+    families = list(EventsCollector(MetricsRegistry()).collect())
+    exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
+    used = set(metric_names.dashboard_uses(dashboard))
+    assert len(used) >= 10
+    assert used <= exported, f"panels on metrics nobody exports: {used - exported}"
+    other = render({"metrics": {"dashboard": {"enabled": True, "namespace": "grafana"}}})
+    assert [d["metadata"]["namespace"] for d in other if d["kind"] == "ConfigMap"] == ["grafana"]
+
+
+def test_histogram_buckets_reach_the_operator() -> None:
+    def parsed(values: dict[str, Any]) -> argparse.Namespace:
+        [deployment] = [d for d in render(values) if d["kind"] == "Deployment"]
+        return cli.build_parser().parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    chosen = parsed({"metrics": {"runtimeBuckets": [0.1, 1, 2.5, 600], "queueWaitBuckets": [1, 60, 3600]}})
+    assert chosen.runtime_buckets == (0.1, 1.0, 2.5, 600.0)
+    assert chosen.queue_wait_buckets == (1.0, 60.0, 3600.0)
+    defaults = parsed({})
+    assert (defaults.runtime_buckets, defaults.queue_wait_buckets) == (RUNTIME_BUCKETS, QUEUE_WAIT_BUCKETS)
 
 
 def test_sharded_install_runs_one_operator_per_shard_behind_the_same_services() -> None:

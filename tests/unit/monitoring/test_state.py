@@ -126,6 +126,60 @@ def test_a_tasks_first_series_of_a_worker_brings_its_other_worker_series_at_zero
     assert len([key for key in found if key[0] == "celery_task_sent_total"]) == 1, "producers get no zero series"
 
 
+def test_queue_wait_counts_from_sending_else_receipt_and_never_a_deliberate_delay() -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    eta = {"eta": "2026-01-01T00:01:00+00:00"}
+    for item in [
+        event("task-sent", "web", uuid="sent", name="n", queue="q", timestamp=100.0, retries=0, eta=None),
+        event("task-received", uuid="sent", name="n", timestamp=101.0, eta=None),
+        event("task-started", uuid="sent", timestamp=103.0),  # 3 s since sent
+        event("task-received", uuid="unsent", name="n", timestamp=200.0),  # its task-sent went elsewhere
+        event("task-started", uuid="unsent", timestamp=200.2),  # 0.2 s since received
+        event("task-sent", "web", uuid="countdown", name="n", queue="q", timestamp=300.0, **eta),
+        event("task-received", uuid="countdown", name="n", timestamp=300.1, **eta),
+        event("task-started", uuid="countdown", timestamp=360.0),  # waited on purpose: not observed
+        event("task-sent", "pod-a", uuid="retry", name="n", queue="q", timestamp=400.0, retries=1),
+        event("task-received", uuid="retry", name="n", timestamp=404.0),  # held back by a retry level
+        event("task-started", uuid="retry", timestamp=404.5),  # 0.5 s since received
+        event("task-sent", "web", uuid="skewed", name="n", queue="q", timestamp=500.0),
+        event("task-started", uuid="skewed", timestamp=499.0),  # the worker's clock is behind: 0
+        event("task-started", uuid="skewed", timestamp=510.0),  # started twice: its wait was observed already
+    ]:
+        metrics.ingest(item, 1.0)
+    found = samples(registry)
+    labels = {"name": "n", "hostname": "pod-a"}
+    # "unsent" has no task-sent: Celery's default queue; the others were sent to "q"
+    assert value(found, "celery_task_queue_wait_time_count", queue_name="q", **labels) == 3
+    assert value(found, "celery_task_queue_wait_time_sum", queue_name="q", **labels) == pytest.approx(3.5)
+    assert value(found, "celery_task_queue_wait_time_bucket", queue_name="q", le="0.05", **labels) == 1
+    assert value(found, "celery_task_queue_wait_time_bucket", queue_name="q", le="0.5", **labels) == 2
+    assert value(found, "celery_task_queue_wait_time_bucket", queue_name="q", le="5.0", **labels) == 3
+    assert value(found, "celery_task_queue_wait_time_count", queue_name="celery", **labels) == 1
+    assert value(found, "celery_task_queue_wait_time_sum", queue_name="celery", **labels) == pytest.approx(0.2)
+
+
+def test_histogram_buckets_are_the_configured_ones() -> None:
+    registry = MetricsRegistry(runtime_buckets=(1.0, 60.0), queue_wait_buckets=(10.0,))
+    metrics = registry.service("shop", "billing")
+    metrics.ingest(event("task-received", uuid="u", name="n", timestamp=1.0), 1.0)
+    metrics.ingest(event("task-started", uuid="u", timestamp=2.0), 1.0)
+    metrics.ingest(event("task-succeeded", uuid="u", runtime=30.0), 1.0)
+    bounds = {
+        metric: sorted(dict(labels)["le"] for (name, labels) in samples(registry) if name == f"{metric}_bucket")
+        for metric in ("celery_task_runtime", "celery_task_queue_wait_time")
+    }
+    assert bounds == {"celery_task_runtime": ["+Inf", "1.0", "60.0"], "celery_task_queue_wait_time": ["+Inf", "10.0"]}
+
+
+def test_the_consumer_readiness_follows_its_connection() -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    assert value(samples(registry), "celery_event_operator_events_consumer_up") == 0, "not connected yet"
+    metrics.consumer_connected = True
+    assert value(samples(registry), "celery_event_operator_events_consumer_up") == 1
+
+
 def test_workers_up_active_and_offline() -> None:
     registry = MetricsRegistry()
     metrics = registry.service("shop", "billing")
@@ -175,11 +229,14 @@ def test_forget_worker_removes_every_series_and_ignores_late_events() -> None:
     for worker in ("pod-a", "pod-b"):
         metrics.ingest(event("worker-heartbeat", worker, active=1), 1.0)
         metrics.ingest(event("task-received", worker, uuid=worker, name="n"), 1.0)
+        metrics.ingest(event("task-started", worker, uuid=worker), 1.0)
         metrics.ingest(event("task-succeeded", worker, uuid=worker, runtime=0.01), 1.0)
     metrics.forget_worker("pod-a", 2.0)
     metrics.ingest(event("worker-offline", "pod-a"), 3.0)  # its last words arrive after the deletion
-    workers = {dict(labels).get("hostname") for (_, labels) in samples(registry)} - {None}
+    found = samples(registry)
+    workers = {dict(labels).get("hostname") for (_, labels) in found} - {None}
     assert workers == {"pod-b"}
+    assert {name for name, _ in found} >= {"celery_task_queue_wait_time_count", "celery_task_runtime_count"}
 
 
 def test_sweep_keeps_live_pods_and_recently_heard_workers() -> None:
