@@ -9,6 +9,7 @@ import math
 import os
 import pathlib
 import random
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -243,6 +244,8 @@ def _archive_action(args: argparse.Namespace, connection: Any, service: str, sel
     if args.action == "list":
         items = operations.list_archive(connection, service, selection)
         now = time.time()
+        if not items and not args.json:
+            print(f"no archived events of {service} match", file=sys.stderr)
         return json.dumps([item.as_json(now) for item in items], indent=2) if args.json else messages.table(items, now)
     if args.action == "replay":
         summary = operations.replay(
@@ -379,7 +382,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    status: int = args.handler(args)
+    try:
+        status: int = args.handler(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as Unix tools do, with SIGPIPE's status.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return status
 
 
