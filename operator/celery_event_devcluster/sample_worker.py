@@ -21,11 +21,17 @@ from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings
 
 POD_NAME = "billing-worker-dev"
+# An event a second; every 20th is published by a buggy producer, with an argument missing: no retry can fix
+# it, so it is archived at once (`archive list billing` shows it).
 TRAFFIC = """
 import itertools, time
-from billing_app import order_cancelled, order_created
+from billing_app import app, order_cancelled, order_created
 for order_id in itertools.count(1):
-    order_created(order_id, 100 * order_id)
+    if order_id % 20 == 0:
+        app.send_task("orders.order.created", args=(order_id,), routing_key="orders.order.created",
+                      exchange=app.events_settings.events_exchange, declare=[])
+    else:
+        order_created(order_id, 100 * order_id)
     if order_id % 5 == 0:
         order_cancelled(order_id)
     time.sleep(1)

@@ -20,7 +20,7 @@ from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_B
 from celery_event_operator.options import OperatorOptions, WebhookOptions
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
-DEFAULT_EXAMPLES = ("examples/broker-secret.yaml", "examples/billing.yaml")
+DEFAULT_EXAMPLES = ("examples/broker-secret.yaml", "examples/billing.yaml", "examples/billing-worker.yaml")
 COMMANDS_ENTRY_POINTS = "celery_event_operator.commands"
 # The chart cannot reach files outside its directory, so it carries its own copy of the CRD.
 CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
@@ -347,8 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--state-dir", default=".dev", help="where the kubeconfig is written")
     dev.add_argument(
         "--broker-url",
-        default=os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-        help="broker URL put into the sample's Secret (default: $AMQP_URL or local guest)",
+        help="broker URL put into the sample's Secret, used as it is (default: $AMQP_URL or the local broker, "
+        "in a vhost of the dev mode's own, celery-event-operator-dev, made at start)",
+    )
+    dev.add_argument(
+        "--down",
+        action="store_true",
+        help="remove what the dev mode made on the broker (its vhost, with everything declared in it) and stop",
     )
     dev.add_argument(
         "--example",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
 import urllib.request
+from typing import Any
 
 from tests.conftest import REPO
 from tests.support.kube import eventually
@@ -38,6 +40,8 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             str(REPO / "examples" / "broker-secret.yaml"),
             "--example",
             str(REPO / "examples" / "billing.yaml"),
+            "--example",
+            str(REPO / "examples" / "billing-worker.yaml"),
             "--liveness",
             "",
             "--broker-url",
@@ -82,9 +86,40 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
                     text = response.read().decode()
             except OSError:
                 return False  # not serving yet
-            return 'celery_task_succeeded_total{namespace="default",service_name="billing"' in text
+            return any(
+                line.startswith("celery_task_succeeded_total{") and 'service_name="billing"' in line
+                for line in text.splitlines()
+            )
 
         eventually(live_metrics, timeout=60, message="no live metrics from the sample worker")
+
+        # Issue #16: the whole product shows: the sample Deployment is found, events retry, one is archived.
+        def status() -> dict[str, Any]:
+            found: dict[str, Any] = json.loads(kubectl(kubeconfig, "get", "ces", "billing", "-o", "json").stdout)
+            return found.get("status", {})
+
+        def condition(kind: str) -> dict[str, Any]:
+            return next((c for c in status().get("conditions", []) if c["type"] == kind), {})
+
+        eventually(lambda: condition("WorkersConfigured").get("status") == "True", timeout=30, message="workers")
+        eventually(lambda: status().get("retrying", 0) > 0, timeout=90, message="no event was seen retrying")
+
+        def archived_exceptions() -> list[str]:
+            listed = subprocess.run(
+                [sys.executable, "-m", "celery_event_operator.cli", "archive", "list", "billing", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+            )
+            return [row["exception"] or "" for row in json.loads(listed.stdout)]
+
+        eventually(
+            lambda: any(text.startswith("TypeError") for text in archived_exceptions()),
+            timeout=90,
+            message="the sample's buggy event was not archived",
+        )
 
         applied = kubectl(kubeconfig, "apply", "--validate=false", "-f", str(REPO / "examples/shipping-quorum.yaml"))
         assert applied.returncode == 0, applied.stderr
