@@ -42,6 +42,7 @@ from celery_event_devcluster.kmock_internals import Bus
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 HISTORY_EVENTS = 10_000
+PROTOBUF, JSON = "application/vnd.kubernetes.protobuf", "application/json"
 SECRET_RESOURCE = kmock.resource("", "v1", "secrets")
 
 
@@ -178,6 +179,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return str(self._revision)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.content_type == PROTOBUF:
+            # kubectl sends built-in types as protobuf; this API speaks JSON only and says so as a real server
+            # does for a type it cannot decode (415), and client-go sends the request again as JSON.
+            return aiohttp.web.json_response(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Status",
+                    "status": "Failure",
+                    "reason": "UnsupportedMediaType",
+                    "code": 415,
+                    "message": f"the body of the request was in an unknown format - accepted media types: {JSON}",
+                },
+                status=415,
+            )
         try:
             return await super().__call__(raw_request)
         finally:
@@ -215,7 +230,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _stored(self, request: kmock.Request) -> kmock.Object:
         key = _object_key(request, request.namespace, request.name or "")
         if key not in self.objects or self.objects[key].deleted:
-            raise kmock.KubernetesObjectNotFoundError()
+            resource = _resource_of(request)
+            kind = f"{resource.plural}.{resource.group}" if resource.group else str(resource.plural)
+            # As the API server says it (kubectl prints it as is): `configmaps "x" not found`.
+            raise kmock.KubernetesError(status=404, reason="NotFound", message=f'{kind} "{request.name}" not found')
         return self.objects[key]
 
     def _bus(self, request: kmock.Request) -> Bus[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
 import time
 import urllib.request
 from typing import Any
@@ -241,3 +242,24 @@ def test_scale_subresource_of_a_workload_and_of_the_crd(kube_api: EmulatedApi, c
     kube_api.client.create(CES, body)
     kube_api.kubectl("scale", "ces", "billing", "-n", "shop", "--replicas=4")
     assert kube_api.client.get(f"{CES}/billing")["spec"]["workers"]["replicas"] == 4
+
+
+def test_errors_are_shaped_as_a_real_api_server_shapes_them(kube_api: EmulatedApi) -> None:
+    """Issue #16: NotFound showed the emulator's internals; a protobuf body got "the body must be an object"."""
+    missing = kube_api.kubectl("get", "configmap", "nope", check=False)
+    assert missing.stderr.strip() == 'Error from server (NotFound): configmaps "nope" not found'
+    protobuf = kube_api.kubectl("create", "secret", "generic", "s1", "--from-literal=a=b", check=False)
+    assert protobuf.returncode == 1
+    assert "unknown format - accepted media types: application/json" in protobuf.stderr
+    applied = kube_api.kubectl(
+        "create", "secret", "generic", "s1", "--from-literal=a=b", "--dry-run=client", "-o", "yaml"
+    ).stdout
+    subprocess.run(
+        ["kubectl", "--kubeconfig", str(kube_api.kubeconfig), "apply", "--validate=false", "-f", "-"],
+        input=applied,
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    assert kube_api.client.get("/api/v1/namespaces/default/secrets/s1")["data"] == {"a": "Yg=="}
