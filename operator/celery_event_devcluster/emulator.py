@@ -546,8 +546,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _printer_columns(self, request: kmock.Request) -> list[dict[str, Any]]:
         assert request.resource is not None
         key = f"{request.resource.group}/{request.resource.version}/{request.resource.plural}"
-        columns: list[dict[str, Any]] = self._crds.get(key, {}).get("additionalPrinterColumns", [])
-        return columns
+        if key in self._crds:
+            columns: list[dict[str, Any]] = self._crds[key].get("additionalPrinterColumns", [])
+            return columns
+        return printing.BUILTIN_COLUMNS.get(str(request.resource.plural), [])
+
+    def _table(self, request: kmock.Request, items: list[dict[str, Any]], revision: str) -> dict[str, Any]:
+        assert request.resource is not None
+        name_priority = printing.NAME_PRIORITY.get(str(request.resource.plural), 0)
+        return printing.table(items, self._printer_columns(request), revision, name_priority)
 
     async def _list(self, request: kmock.Request) -> dict[str, Any]:
         if request.resource not in self.resources:
@@ -557,7 +564,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             revision = str(self._revision)
         api_version, kind = self._api_version_and_kind(request)
         if self._wants_table(request):
-            return printing.table(items, self._printer_columns(request), revision)
+            return self._table(request, items, revision)
         return {
             "apiVersion": api_version,
             "kind": f"{kind}List",
@@ -569,7 +576,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         async with self._store_lock:
             body: dict[str, Any] = copy.deepcopy(self._stored(request).raw)
         if self._wants_table(request):
-            return printing.table([body], self._printer_columns(request), str(self._revision))
+            return self._table(request, [body], str(self._revision))
         return body
 
     async def _watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:

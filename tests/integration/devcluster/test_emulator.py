@@ -199,6 +199,9 @@ def test_kubectl_describe_shows_only_the_objects_own_events(
     described = kube_api.kubectl("describe", "ces", "billing", "-n", "shop").stdout
     assert "AboutBilling" in described
     assert "AboutShipping" not in described
+    table = kube_api.kubectl("get", "events", "-n", "shop").stdout.splitlines()
+    assert table[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], "kubectl get events"
+    assert table[1].split()[1:] == ["Normal", "AboutBilling", "celeryeventservice/billing", "about", "billing"]
 
 
 def test_kubectl_get_prints_the_printer_columns(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
