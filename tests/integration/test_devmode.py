@@ -131,3 +131,58 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
     output = (tmp_path / "dev.log").read_text()
     assert "export KUBECONFIG=" in output
     assert exit_code == 0, output[-5000:]
+
+
+def readme_block() -> str:
+    """The commands the README tells a new user to run in another shell while `./dev up` runs."""
+    readme = (REPO / "README.md").read_text()
+    after = readme.split("In another shell:", 1)[1]
+    return after.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_commands_work_as_written_against_the_dev_mode(tmp_path: pathlib.Path, test_vhost_url: str) -> None:
+    """Issue #16: every command of the README's block, in its order, exits 0 with no traceback (run from a
+    directory laid out as the repository: .venv, examples, and the dev mode's .dev state)."""
+    block = readme_block()
+    assert "kubectl delete ces billing" in block
+    for entry in (".venv", "examples"):
+        (tmp_path / entry).symlink_to(REPO / entry)
+    log = (tmp_path / "dev.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery_event_operator.cli", "dev", "--broker-url", test_vhost_url],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "KUBECONFIG": "/nonexistent"},
+    )
+    kubeconfig = tmp_path / ".dev" / "kubeconfig"
+    try:
+        eventually(kubeconfig.exists, timeout=30, message="no kubeconfig written")
+        eventually(
+            lambda: "True" in kubectl(kubeconfig, "get", "ces", "billing").stdout, timeout=60, message="not Ready"
+        )
+
+        def metrics_flow() -> bool:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:9808/metrics", timeout=5) as response:
+                    return "celery_task_received_total{" in response.read().decode()
+            except OSError:
+                return False
+
+        eventually(metrics_flow, timeout=60, message="no task metrics yet")
+        result = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", block],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+            env={**os.environ, "KUBECONFIG": "/nonexistent"},
+        )
+        assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        assert "Traceback" not in result.stdout + result.stderr
+        assert 'celeryeventservice.celeryevents.io "billing" deleted' in result.stdout
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(20)
+        log.close()
