@@ -121,6 +121,20 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             message="the sample's buggy event was not archived",
         )
 
+        # The README's maxRetries patch: the sample worker follows, as a rollout would replace its pod.
+        patched = kubectl(
+            kubeconfig, "patch", "ces", "billing", "--type=merge", "-p", '{"spec":{"retry":{"maxRetries":3}}}'
+        )
+        assert patched.returncode == 0, patched.stderr
+        eventually(
+            lambda: "the sample worker restarts" in (state / "sample-worker.log").read_text(errors="replace"),
+            timeout=30,
+            message="the sample worker kept its old settings",
+        )
+        eventually(lambda: condition("WorkersConfigured").get("status") == "True", timeout=60, message="rolled")
+        settings_json = json.loads((state / "settings" / "settings.json").read_text())
+        assert len(settings_json["celery_events"]["retry_exchanges"]) == 3, "the worker runs the new settings"
+
         applied = kubectl(kubeconfig, "apply", "--validate=false", "-f", str(REPO / "examples/shipping-quorum.yaml"))
         assert applied.returncode == 0, applied.stderr
         eventually(lambda: "shipping" in kubectl(kubeconfig, "get", "ces").stdout, timeout=30)

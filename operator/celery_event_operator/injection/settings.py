@@ -90,7 +90,12 @@ def configmap_data(settings: dict[str, Any]) -> dict[str, str]:
 
 def config_hash(settings: dict[str, Any]) -> str:
     """Changes whenever what the workers load changes (data or loader)."""
+    return data_hash(configmap_data(settings))
+
+
+def data_hash(data: dict[str, str]) -> str:
+    """The hash of a settings ConfigMap's data (so of what its pods load)."""
     digest = hashlib.sha256()
-    for name, content in sorted(configmap_data(settings).items()):
+    for name, content in sorted(data.items()):
         digest.update(name.encode() + b"\0" + content.encode() + b"\0")
     return digest.hexdigest()[:16]
