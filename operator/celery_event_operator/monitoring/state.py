@@ -186,7 +186,10 @@ class ServiceMetrics:
         if not isinstance(event, dict):
             return False
         kind, hostname = event.get("type"), event.get("hostname")
-        if not _is_label(kind) or not _is_label(hostname):
+        # _is_label, inlined: this runs for every event
+        if type(kind) is not str or type(hostname) is not str:
+            return False
+        if not (0 < len(kind) <= MAX_LABEL_CHARS and 0 < len(hostname) <= MAX_LABEL_CHARS):
             return False
         if kind.startswith("task-"):
             uuid, name = event.get("uuid"), event.get("name")
@@ -221,7 +224,11 @@ class ServiceMetrics:
         # broker held back on purpose) when a worker received it; a task with an ETA or countdown waits on purpose.
         if kind == "started":
             if waiting_since is not None:
-                self._observe_wait((task, worker, queue), event.get("timestamp"), waiting_since)
+                stamp = event.get("timestamp")
+                if _is_duration(stamp) and self.queue_wait.observe(
+                    (task, worker, queue), max(0.0, stamp - waiting_since)
+                ):
+                    self._series_of[worker].add(("queue_wait", (task, worker, queue)))  # clock skew: 0 above
                 waiting_since = None
         elif kind == "received":
             if event.get("eta"):
@@ -248,9 +255,7 @@ class ServiceMetrics:
         else:
             self._new_counter(key)
         if kind == "succeeded":
-            runtime = event.get("runtime")
-            if _is_duration(runtime) and self.runtime.observe((task, worker, queue), float(runtime)):
-                self._series_of[worker].add(("runtime", (task, worker, queue)))
+            self._observe_runtime((task, worker, queue), event.get("runtime"))
         if uuid and kind in ("succeeded", "failed", "rejected", "revoked"):
             self._tasks.pop(uuid, None)  # done: no later event of it needs the name
 
@@ -263,9 +268,9 @@ class ServiceMetrics:
             queue = sent_to if _is_label(sent_to) else DEFAULT_QUEUE
         return queue
 
-    def _observe_wait(self, key: HistogramKey, stamp: object, since: float) -> None:
-        if _is_duration(stamp) and self.queue_wait.observe(key, max(0.0, stamp - since)):  # clock skew: 0
-            self._series_of[key[1]].add(("queue_wait", key))
+    def _observe_runtime(self, key: HistogramKey, runtime: object) -> None:
+        if _is_duration(runtime) and self.runtime.observe(key, float(runtime)):
+            self._series_of[key[1]].add(("runtime", key))
 
     def _new_counter(self, key: CounterKey) -> None:
         kind, task, worker, queue, _ = key
