@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
 import urllib.request
 from typing import Any
 
+import pytest
+from kombu.connection import Connection
+
+from celery_event_devcluster import devmode
+from celery_event_operator.options import OperatorOptions
 from tests.conftest import REPO
+from tests.support import rabbitmq
 from tests.support.kube import eventually
 from tests.support.operator_process import free_port
 
@@ -200,3 +208,19 @@ def test_the_readme_commands_work_as_written_against_the_dev_mode(tmp_path: path
         process.send_signal(signal.SIGINT)
         process.wait(20)
         log.close()
+
+
+def test_the_dev_vhost_is_made_at_start_and_removed_by_dev_down(
+    monkeypatch: pytest.MonkeyPatch, amqp_url: str, rabbitmq_management: rabbitmq.Management
+) -> None:
+    """The dev mode's own vhost (a name of this test's: a developer's `./dev up` may be running)."""
+    name = f"ceo-case-dev-{secrets.token_hex(3)}"
+    monkeypatch.setattr(devmode, "DEV_VHOST", name)
+    monkeypatch.setenv("AMQP_URL", amqp_url)
+    url = devmode.dev_broker_url(amqp_url)
+    assert url.endswith(f"/{name}")
+    with Connection(url) as connection:
+        connection.channel().exchange_declare("probe", "topic", durable=False, auto_delete=True)
+    assert name in {vhost["name"] for vhost in rabbitmq_management.request("GET", "/vhosts")}
+    assert devmode.run_command(argparse.Namespace(down=True), OperatorOptions()) == 0
+    assert name not in {vhost["name"] for vhost in rabbitmq_management.request("GET", "/vhosts")}
