@@ -26,9 +26,17 @@ def order_cancelled(order_id: int) -> None:
     """Fired by the shop when an order is cancelled."""
 
 
-@app.handler("orders.order.created")
-def invoice_order(order_id: int, amount_cents: int) -> None:
-    # A failure here is retried on the broker after 1, 2, 4 … s, then archived.
+class PaymentProviderTimeout(Exception):
+    """The payment provider did not answer in time (it recovers: a retry succeeds)."""
+
+
+@app.handler("orders.order.created", bind=True)
+def invoice_order(self, order_id: int, amount_cents: int) -> None:
+    # A failure here is retried on the broker after 1, 2, 4 … s, then archived. The sample's payment
+    # provider is slow for every third order: its first three attempts fail (so `kubectl get ces -o wide`
+    # shows events RETRYING), the fourth succeeds.
+    if order_id % 3 == 0 and self.request.retries < 3:
+        raise PaymentProviderTimeout(f"order {order_id}, attempt {self.request.retries + 1}")
     logger.info("invoicing order %s: %s cents", order_id, amount_cents)
 
 

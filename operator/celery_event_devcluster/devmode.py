@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import contextlib
+import json
 import logging
 import os
 import pathlib
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -45,14 +51,59 @@ async def _sample_worker(
         print(f"The sample worker did not start: {exc}", flush=True)
 
 
+DEV_VHOST = "celery-event-operator-dev"
+PERMISSIONS = {"configure": ".*", "write": ".*", "read": ".*"}
+
+
+def _management(amqp_url: str) -> tuple[str, str]:
+    """The management API of the broker at `amqp_url` (port 15672), and its Basic authorization."""
+    parts = urllib.parse.urlsplit(amqp_url)
+    credentials = f"{urllib.parse.unquote(parts.username or 'guest')}:{urllib.parse.unquote(parts.password or 'guest')}"
+    return f"http://{parts.hostname or '127.0.0.1'}:15672/api", "Basic " + base64.b64encode(
+        credentials.encode()
+    ).decode()
+
+
+def _call(amqp_url: str, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+    api, authorization = _management(amqp_url)
+    request = urllib.request.Request(
+        f"{api}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": authorization, "Content-Type": "application/json"},
+    )
+    with contextlib.suppress(urllib.error.HTTPError) if method == "DELETE" else contextlib.nullcontext():
+        urllib.request.urlopen(request, timeout=10).close()
+
+
+def dev_broker_url(base_url: str) -> str:
+    """The dev mode's own vhost on the broker of `base_url`, made (with the user's permissions) if missing:
+    the samples never touch the broker's other vhosts or their shared exchanges."""
+    vhost = urllib.parse.quote(DEV_VHOST, safe="")
+    _call(base_url, "PUT", f"/vhosts/{vhost}", {})
+    user = urllib.parse.unquote(urllib.parse.urlsplit(base_url).username or "guest")
+    _call(base_url, "PUT", f"/permissions/{vhost}/{urllib.parse.quote(user, safe='')}", PERMISSIONS)
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(base_url)._replace(path=f"/{vhost}"))
+
+
 def run_command(args: argparse.Namespace, options: OperatorOptions) -> int:
     """`celery-event-operator dev` (the CLI's entry point `celery_event_operator.commands:dev`)."""
+    base_url = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+    if args.down:
+        _call(base_url, "DELETE", f"/vhosts/{urllib.parse.quote(DEV_VHOST, safe='')}")
+        print(f"removed the vhost {DEV_VHOST} and everything in it", flush=True)
+        return 0
+    try:
+        broker_url = args.broker_url or dev_broker_url(base_url)
+    except OSError as exc:
+        print(f"error: cannot make the vhost {DEV_VHOST} through the management API: {exc}", flush=True)
+        return 1
     return asyncio.run(
         main(
             options=options,
             api_port=args.api_port,
             state_dir=pathlib.Path(args.state_dir),
-            broker_url=args.broker_url,
+            broker_url=broker_url,
             examples=[pathlib.Path(path) for path in args.example or DEFAULT_EXAMPLES],
             liveness=args.liveness or None,
             verbose=args.verbose,

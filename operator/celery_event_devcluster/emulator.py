@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import copy
 import datetime
 import json
@@ -40,6 +41,8 @@ from celery_event_devcluster import jsonpatch, kmock_internals, printing
 from celery_event_devcluster.kmock_internals import Bus
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+HISTORY_EVENTS = 10_000
+PROTOBUF, JSON = "application/vnd.kubernetes.protobuf", "application/json"
 SECRET_RESOURCE = kmock.resource("", "v1", "secrets")
 
 
@@ -55,6 +58,21 @@ def _resource_of(request: kmock.Request) -> kmock.resource:
 
 def _object_key(request: kmock.Request, namespace: str | None, name: str) -> tuple[kmock.resource, str | None, str]:
     return (_resource_of(request), namespace, name)
+
+
+def _expired(since: int, oldest: int) -> dict[str, Any]:
+    """The watch event a real API server sends for a resourceVersion older than its history."""
+    return {
+        "type": "ERROR",
+        "object": {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "reason": "Expired",
+            "code": 410,
+            "message": f"too old resource version: {since} ({oldest})",
+        },
+    }
 
 
 def _now() -> str:
@@ -93,13 +111,21 @@ def _content_changed_outside_metadata(old: dict[str, Any], new: dict[str, Any]) 
     return any(old.get(key) != new.get(key) for key in keys)
 
 
+def _field(obj: dict[str, Any], path: str) -> str:
+    """A field by its dotted path (`involvedObject.name`), as a field selector compares it: "" when absent."""
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
 def _matches_field_selector(obj: dict[str, Any], selector: str) -> bool:
-    """`metadata.name=x` and `metadata.namespace=y`: what kubectl and kopf send."""
-    meta = obj.get("metadata", {})
+    """`a.b=x` and `a.b!=x` terms: `metadata.name` from kubectl and kopf, `involvedObject.*` from kubectl
+    describe (the Events of one object)."""
     for term in filter(None, (part.strip() for part in selector.split(","))):
-        key, _, value = term.replace("==", "=").partition("=")
-        field = key.strip().removeprefix("metadata.")
-        if field in ("name", "namespace") and meta.get(field) != value.strip():
+        negated = "!=" in term
+        key, _, value = term.replace("!=", "=").replace("==", "=").partition("=")
+        if (_field(obj, key.strip()) == value.strip()) == negated:
             return False
     return True
 
@@ -135,6 +161,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's KubernetesEmulator, made good enough for a real kopf operator and kubectl."""
 
     _revision: int = attrs.field(default=0, init=False)
+    # The latest watch events of every resource, as the API server keeps a window of them: a watch that
+    # starts at a resourceVersion from a list replays what happened since (a deletion in between included).
+    _history: collections.deque[tuple[int, Any, dict[str, Any]]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=HISTORY_EVENTS), init=False
+    )
     _crds: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
     # Our own lock over the object store: every object request is served by this class, none by kmock's.
     _store_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
@@ -148,6 +179,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return str(self._revision)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.content_type == PROTOBUF:
+            # kubectl sends built-in types as protobuf; this API speaks JSON only and says so as a real server
+            # does for a type it cannot decode (415), and client-go sends the request again as JSON.
+            return aiohttp.web.json_response(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Status",
+                    "status": "Failure",
+                    "reason": "UnsupportedMediaType",
+                    "code": 415,
+                    "message": f"the body of the request was in an unknown format - accepted media types: {JSON}",
+                },
+                status=415,
+            )
         try:
             return await super().__call__(raw_request)
         finally:
@@ -185,11 +230,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _stored(self, request: kmock.Request) -> kmock.Object:
         key = _object_key(request, request.namespace, request.name or "")
         if key not in self.objects or self.objects[key].deleted:
-            raise kmock.KubernetesObjectNotFoundError()
+            resource = _resource_of(request)
+            kind = f"{resource.plural}.{resource.group}" if resource.group else str(resource.plural)
+            # As the API server says it (kubectl prints it as is): `configmaps "x" not found`.
+            raise kmock.KubernetesError(status=404, reason="NotFound", message=f'{kind} "{request.name}" not found')
         return self.objects[key]
 
     def _bus(self, request: kmock.Request) -> Bus[Any]:
         return kmock_internals.change_bus(self, _resource_of(request))
+
+    async def _publish(self, request: kmock.Request, kind: str, body: dict[str, Any]) -> None:
+        """A watch event, kept in the history and sent to the live watches. A deletion has a resourceVersion
+        of its own, as on a real API server."""
+        event_body = copy.deepcopy(body)
+        if kind == "DELETED":
+            event_body["metadata"]["resourceVersion"] = self._next_resource_version()
+        event = {"type": kind, "object": event_body}
+        self._history.append((int(event_body["metadata"]["resourceVersion"]), _resource_of(request), event))
+        await self._bus(request).put(event)
 
     def _keep_only_latest(self, obj: kmock.Object) -> None:
         # kmock keeps every version of every object; the latest is all the API serves.
@@ -228,7 +286,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 self.objects[key] = body
             if request.resource == CRD_RESOURCE:
                 self._serve_crd(body)
-            await self._bus(request).put({"type": "ADDED", "object": copy.deepcopy(body)})
+            await self._publish(request, "ADDED", body)
         return body
 
     async def _update(self, request: kmock.Request) -> dict[str, Any]:
@@ -263,10 +321,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 self._serve_crd(new)
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
                 obj.delete()
-                await self._bus(request).put({"type": "DELETED", "object": copy.deepcopy(new)})
+                await self._publish(request, "DELETED", new)
                 self._forget_crd(request, new)
             else:
-                await self._bus(request).put({"type": "MODIFIED", "object": copy.deepcopy(new)})
+                await self._publish(request, "MODIFIED", new)
             return new
 
     def _apply_subresource_rules(
@@ -312,10 +370,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 meta["resourceVersion"] = self._next_resource_version()
                 obj.create(body)
                 self._keep_only_latest(obj)
-                await self._bus(request).put({"type": "MODIFIED", "object": copy.deepcopy(body)})
+                await self._publish(request, "MODIFIED", body)
             else:
                 obj.delete()
-                await self._bus(request).put({"type": "DELETED", "object": body})
+                await self._publish(request, "DELETED", body)
                 self._forget_crd(request, body)
         return body
 
@@ -380,7 +438,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             new["metadata"]["resourceVersion"] = self._next_resource_version()
             obj.create(new)
             self._keep_only_latest(obj)
-            await self._bus(request).put({"type": "MODIFIED", "object": copy.deepcopy(new)})
+            await self._publish(request, "MODIFIED", new)
             return self._scale_view(request, new)
 
     # --- CRDs -------------------------------------------------------------------------------
@@ -488,8 +546,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _printer_columns(self, request: kmock.Request) -> list[dict[str, Any]]:
         assert request.resource is not None
         key = f"{request.resource.group}/{request.resource.version}/{request.resource.plural}"
-        columns: list[dict[str, Any]] = self._crds.get(key, {}).get("additionalPrinterColumns", [])
-        return columns
+        if key in self._crds:
+            columns: list[dict[str, Any]] = self._crds[key].get("additionalPrinterColumns", [])
+            return columns
+        return printing.BUILTIN_COLUMNS.get(str(request.resource.plural), [])
+
+    def _table(self, request: kmock.Request, items: list[dict[str, Any]], revision: str) -> dict[str, Any]:
+        assert request.resource is not None
+        name_priority = printing.NAME_PRIORITY.get(str(request.resource.plural), 0)
+        return printing.table(items, self._printer_columns(request), revision, name_priority)
 
     async def _list(self, request: kmock.Request) -> dict[str, Any]:
         if request.resource not in self.resources:
@@ -499,7 +564,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             revision = str(self._revision)
         api_version, kind = self._api_version_and_kind(request)
         if self._wants_table(request):
-            return printing.table(items, self._printer_columns(request), revision)
+            return self._table(request, items, revision)
         return {
             "apiVersion": api_version,
             "kind": f"{kind}List",
@@ -511,22 +576,29 @@ class KubeEmulator(kmock.KubernetesEmulator):
         async with self._store_lock:
             body: dict[str, Any] = copy.deepcopy(self._stored(request).raw)
         if self._wants_table(request):
-            return printing.table([body], self._printer_columns(request), str(self._revision))
+            return self._table(request, [body], str(self._revision))
         return body
 
     async def _watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Stream JSON lines: the objects changed since `resourceVersion`, then live events."""
         since = int(request.params.get("resourceVersion") or 0)
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        resource = _resource_of(request)
         async with self._store_lock:
             marker = await self._bus(request).mark()
-            # Without a resourceVersion a watch starts with the whole state; with one, it replays what
-            # changed since (deletions in between are not replayed: the emulator keeps no history).
-            backlog = [
-                {"type": "ADDED" if since == 0 else "MODIFIED", "object": obj}
-                for obj in self._select(request)
-                if int(obj["metadata"].get("resourceVersion", 0)) > since
-            ]
+            # Without a resourceVersion a watch starts with the whole state; with one, it replays the events
+            # since then from the history, deletions included (kubectl delete watches from its list's version),
+            # or says 410 Gone when that is older than the history, as a real API server does.
+            if since == 0:
+                backlog = [{"type": "ADDED", "object": obj} for obj in self._select(request)]
+            elif len(self._history) == self._history.maxlen and since < self._history[0][0]:
+                backlog = [_expired(since, self._history[0][0])]
+            else:
+                backlog = [
+                    copy.deepcopy(event)
+                    for version, kind, event in self._history
+                    if version > since and kind == resource and self._wanted(request, event)
+                ]
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(kmock_internals.aiohttp_request(request))
         try:
@@ -544,11 +616,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _live_events(self, request: kmock.Request, marker: Any) -> AsyncIterator[dict[str, Any]]:
         async for event in marker:
-            meta = event["object"].get("metadata", {})
-            if request.namespace is not None and meta.get("namespace") != request.namespace:
-                continue
-            if request.name is not None and meta.get("name") != request.name:
-                continue
-            if not _matches_selectors(event["object"], request.params):
-                continue
-            yield event
+            if self._wanted(request, event):
+                yield event
+
+    @staticmethod
+    def _wanted(request: kmock.Request, event: dict[str, Any]) -> bool:
+        meta = event["object"].get("metadata", {})
+        if request.namespace is not None and meta.get("namespace") != request.namespace:
+            return False
+        if request.name is not None and meta.get("name") != request.name:
+            return False
+        return _matches_selectors(event["object"], request.params)

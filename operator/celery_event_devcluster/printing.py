@@ -44,26 +44,52 @@ def human_age(timestamp: str, now: datetime.datetime | None = None) -> str:
     return f"{max(seconds, 0)}s"
 
 
+# The columns the API server prints for built-in kinds that kubectl users read (Events: `kubectl get events`);
+# other built-ins get Name and Age. An "objectReference" cell is printed as kubectl does: kind/name.
+BUILTIN_COLUMNS: dict[str, list[dict[str, Any]]] = {
+    "events": [
+        {"name": "Last Seen", "type": "date", "jsonPath": ".lastTimestamp"},
+        {"name": "Type", "type": "string", "jsonPath": ".type"},
+        {"name": "Reason", "type": "string", "jsonPath": ".reason"},
+        {"name": "Object", "type": "objectReference", "jsonPath": ".involvedObject"},
+        {"name": "Message", "type": "string", "jsonPath": ".message"},
+    ],
+}
+NAME_PRIORITY = {"events": 1}  # Events: the name only with -o wide
+
+
 def _cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
     values = jsonpath(obj, column["jsonPath"])
+    if not values and column.get("type") == "date":
+        values = jsonpath(obj, ".metadata.creationTimestamp")  # an Event without lastTimestamp: when it was made
     if not values:
         return None
     value = values[0]
     if column.get("type") == "date" and isinstance(value, str):
         return human_age(value)
+    if column.get("type") == "objectReference" and isinstance(value, dict):
+        return f"{str(value.get('kind', '')).lower()}/{value.get('name', '')}"
     return value
 
 
-def table(items: list[dict[str, Any]], columns: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
+def table(
+    items: list[dict[str, Any]], columns: list[dict[str, Any]], resource_version: str, name_priority: int = 0
+) -> dict[str, Any]:
     """A meta.k8s.io/v1 Table: Name, then the printer columns (Age by default, as for builtins)."""
     columns = columns or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
     definitions = [
-        {"name": "Name", "type": "string", "format": "name", "priority": 0, "description": "Name of the object"}
+        {
+            "name": "Name",
+            "type": "string",
+            "format": "name",
+            "priority": name_priority,
+            "description": "Name of the object",
+        }
     ]
     definitions += [
         {
             "name": column["name"],
-            "type": column.get("type", "string"),
+            "type": "string" if column.get("type") == "objectReference" else column.get("type", "string"),
             "format": "",
             "priority": column.get("priority", 0),
             "description": column.get("description", ""),

@@ -17,15 +17,25 @@ import yaml
 
 from celery_event_devcluster import kubelet
 from celery_event_operator import service_status
+from celery_event_operator.errors import InvalidSpecError
 from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings
 
 POD_NAME = "billing-worker-dev"
+POD_PATH = f"/api/v1/namespaces/default/pods/{POD_NAME}"
+SERVICE_PATH = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices/billing"
+FOLLOW_SECONDS = 2.0
+# An event a second; every 20th is published by a buggy producer, with an argument missing: no retry can fix
+# it, so it is archived at once (`archive list billing` shows it).
 TRAFFIC = """
 import itertools, time
-from billing_app import order_cancelled, order_created
+from billing_app import app, order_cancelled, order_created
 for order_id in itertools.count(1):
-    order_created(order_id, 100 * order_id)
+    if order_id % 20 == 0:
+        app.send_task("orders.order.created", args=(order_id,), routing_key="orders.order.created",
+                      exchange=app.events_settings.events_exchange, declare=[])
+    else:
+        order_created(order_id, 100 * order_id)
     if order_id % 5 == 0:
         order_cancelled(order_id)
     time.sleep(1)
@@ -52,14 +62,19 @@ async def _configured_pod(server_url: str, examples: pathlib.Path) -> tuple[dict
         "metadata": {**template["metadata"], "name": POD_NAME, "namespace": "default"},
     }
     async with aiohttp.ClientSession(server_url) as session:
-        body = await _get(session, "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices/billing")
+        body = await _get(session, SERVICE_PATH)
         if body is None:
             raise LookupError("the sample CeleryEventService is missing")
         validated = service_status.validate(body)
         name = settings.configmap_name(validated.service_name)
-        while (configmap := await _get(session, f"/api/v1/namespaces/default/configmaps/{name}")) is None:
-            await asyncio.sleep(0.5)  # the operator writes it on its first reconcile
         rendered = settings.render(validated.service_name, validated.spec)
+        while True:  # the operator writes it on its reconcile of this generation
+            configmap = await _get(session, f"/api/v1/namespaces/default/configmaps/{name}")
+            if configmap is not None and settings.data_hash(configmap.get("data") or {}) == settings.config_hash(
+                rendered
+            ):
+                break
+            await asyncio.sleep(0.5)
         ref = validated.spec.broker.secret_ref
         changes = injection_pod.changes(
             pod,
@@ -78,17 +93,7 @@ async def _configured_pod(server_url: str, examples: pathlib.Path) -> tuple[dict
     return pod, configmap.get("data") or {}
 
 
-@contextlib.asynccontextmanager
-async def running(
-    server_url: str, broker_url: str, examples: pathlib.Path, state_dir: pathlib.Path
-) -> AsyncIterator[None]:
-    """Start the sample worker and its traffic once the operator configured the service; stop both."""
-    examples, state_dir = examples.resolve(), state_dir.resolve()  # the worker runs in examples/app
-    pod, data = await _configured_pod(server_url, examples)
-    env = kubelet.container_environment(pod, lambda *_: broker_url, lambda *_: data, state_dir / "settings")
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
-    app_dir = examples / "app"
-    log = (state_dir / "sample-worker.log").open("ab")
+def _start(env: dict[str, str], app_dir: pathlib.Path, log: Any) -> tuple[subprocess.Popen[bytes], ...]:
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -109,12 +114,72 @@ async def running(
     traffic = subprocess.Popen(
         [sys.executable, "-c", TRAFFIC], cwd=app_dir, env=env, stdout=log, stderr=subprocess.STDOUT
     )
+    return traffic, worker
+
+
+async def _stop(processes: tuple[subprocess.Popen[bytes], ...]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(process.wait, 20)
+
+
+async def _current_hash(server_url: str) -> str | None:
+    """The settings hash the service's pods should carry now (None while the service is missing or invalid)."""
+    async with aiohttp.ClientSession(server_url) as session:
+        body = await _get(session, SERVICE_PATH)
+    if body is None:
+        return None
+    try:
+        validated = service_status.validate(body)
+    except InvalidSpecError:
+        return None
+    return settings.config_hash(settings.render(validated.service_name, validated.spec))
+
+
+async def _replace_pod(server_url: str) -> None:
+    async with aiohttp.ClientSession(server_url) as session, session.delete(POD_PATH) as response:
+        if response.status not in (200, 404):
+            response.raise_for_status()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    server_url: str, broker_url: str, examples: pathlib.Path, state_dir: pathlib.Path
+) -> AsyncIterator[None]:
+    """Start the sample worker and its traffic once the operator configured the service; stop both. When the
+    service's settings change, the worker is replaced by one on the new settings, as a rollout replaces a pod."""
+    examples, state_dir = examples.resolve(), state_dir.resolve()  # the worker runs in examples/app
+    log = (state_dir / "sample-worker.log").open("ab")
+
+    async def start() -> tuple[tuple[subprocess.Popen[bytes], ...], str]:
+        pod, data = await _configured_pod(server_url, examples)
+        env = kubelet.container_environment(pod, lambda *_: broker_url, lambda *_: data, state_dir / "settings")
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
+        return _start(env, examples / "app", log), pod["metadata"]["annotations"][settings.HASH_ANNOTATION]
+
+    processes, running_hash = await start()
+
+    async def follow_settings() -> None:
+        nonlocal processes, running_hash
+        while True:
+            await asyncio.sleep(FOLLOW_SECONDS)
+            wanted = await _current_hash(server_url)
+            if wanted is None or wanted == running_hash:
+                continue
+            log.write(f"--- settings {wanted} replace {running_hash}: the sample worker restarts ---\n".encode())
+            log.flush()
+            await _stop(processes)
+            await _replace_pod(server_url)
+            processes, running_hash = await start()
+
+    follower = asyncio.create_task(follow_settings())
     try:
         yield
     finally:
-        for process in (traffic, worker):
-            process.terminate()
-        for process in (traffic, worker):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(process.wait, 20)
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        await _stop(processes)
         log.close()

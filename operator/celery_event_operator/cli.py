@@ -8,6 +8,8 @@ import json
 import math
 import os
 import pathlib
+import random
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -18,7 +20,7 @@ from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_B
 from celery_event_operator.options import OperatorOptions, WebhookOptions
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
-DEFAULT_EXAMPLES = ("examples/broker-secret.yaml", "examples/billing.yaml")
+DEFAULT_EXAMPLES = ("examples/broker-secret.yaml", "examples/billing.yaml", "examples/billing-worker.yaml")
 COMMANDS_ENTRY_POINTS = "celery_event_operator.commands"
 # The chart cannot reach files outside its directory, so it carries its own copy of the CRD.
 CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
@@ -64,7 +66,14 @@ def _options(args: argparse.Namespace) -> OperatorOptions:
         namespaces=tuple(getattr(args, "namespace", ()) or ()),
         shard_index=getattr(args, "shard_index", 0),
         shard_count=getattr(args, "shard_count", 1),
+        peering=getattr(args, "peering", None),
+        priority=_priority(getattr(args, "priority", None)),
     )
+
+
+def _priority(given: int | None) -> int:
+    # Replicas of equal priority all pause (kopf's rule against double processing): a random one never ties.
+    return given if given is not None else random.randint(1, 2**31 - 1)
 
 
 def _add_webhook_options(parser: argparse.ArgumentParser, default_addr: str) -> None:
@@ -102,7 +111,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         admission.register(kopf.get_default_registry())
     kopf.configure(verbose=args.verbose)
     kopf.run(
-        standalone=True,  # one replica (the chart's Deployment uses Recreate): no peering objects needed
+        # Alone, or one of several replicas of which only the one of highest priority in the peering works.
+        standalone=options.peering is None,
+        peering_name=options.peering,
+        priority=options.priority,
         clusterwide=not options.namespaces,
         namespaces=options.namespaces,
         liveness_endpoint=args.liveness or None,
@@ -232,6 +244,8 @@ def _archive_action(args: argparse.Namespace, connection: Any, service: str, sel
     if args.action == "list":
         items = operations.list_archive(connection, service, selection)
         now = time.time()
+        if not items and not args.json:
+            print(f"no archived events of {service} match", file=sys.stderr)
         return json.dumps([item.as_json(now) for item in items], indent=2) if args.json else messages.table(items, now)
     if args.action == "replay":
         summary = operations.replay(
@@ -249,11 +263,12 @@ def _archive_action(args: argparse.Namespace, connection: Any, service: str, sel
     return f"purged {summary.done} of {summary.archived} archived"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="celery-event-operator", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    run = commands.add_parser("run", help="run the operator against the configured cluster (kubeconfig or in-cluster)")
+def _add_run_command(commands: Any) -> None:
+    run = commands.add_parser(
+        formatter_class=_Help,
+        name="run",
+        help="run the operator against the configured cluster (kubeconfig or in-cluster)",
+    )
     run.add_argument(
         "--namespace",
         "-n",
@@ -277,17 +292,68 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--shard-index", type=int, default=0, help="which of the --shard-count shards this operator keeps (0-based)"
     )
+    run.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="run as one of several replicas: the one of highest priority in the kopf peering NAME reconciles, "
+        "the others stand by (and answer the webhook); without it the operator runs alone",
+    )
+    run.add_argument(
+        "--priority",
+        type=int,
+        help="this replica's priority in --peering (default: random, so that no two replicas tie)",
+    )
     _add_webhook_options(run, "0.0.0.0")
-    run.add_argument("--verbose", "-v", action="store_true")
+    run.add_argument("--verbose", "-v", action="store_true", help="debug logging (kopf's --verbose)")
     run.set_defaults(handler=_cmd_run)
 
-    dev = commands.add_parser("dev", help="run the operator with the samples on an embedded Kubernetes API")
+
+class _Help(argparse.HelpFormatter):
+    """Each option's default in its help, where there is one worth showing and the help does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+DESCRIPTION = """\
+A Kubernetes operator for Celery services on RabbitMQ: each CeleryEventService gets its retry and
+archive topology declared, consistent Celery settings injected into its worker pods, Prometheus
+metrics from its Celery events, and its queue length in status for autoscaling.
+
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="celery-event-operator",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="`celery-event-operator COMMAND --help` for a command's options. Documentation: README.md.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {importlib.metadata.version('celery-event-operator')}"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _add_run_command(commands)
+
+    dev = commands.add_parser(
+        formatter_class=_Help, name="dev", help="run the operator with the samples on an embedded Kubernetes API"
+    )
     dev.add_argument("--api-port", type=int, default=18443, help="port of the embedded API (0: any free port)")
     dev.add_argument("--state-dir", default=".dev", help="where the kubeconfig is written")
     dev.add_argument(
         "--broker-url",
-        default=os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-        help="broker URL put into the sample's Secret (default: $AMQP_URL or local guest)",
+        help="broker URL put into the sample's Secret, used as it is (default: $AMQP_URL or the local broker, "
+        "in a vhost of the dev mode's own, celery-event-operator-dev, made at start)",
+    )
+    dev.add_argument(
+        "--down",
+        action="store_true",
+        help="remove what the dev mode made on the broker (its vhost, with everything declared in it) and stop",
     )
     dev.add_argument(
         "--example",
@@ -295,43 +361,49 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help=f"manifests to create at start (repeatable; default: {' '.join(DEFAULT_EXAMPLES)})",
     )
-    dev.add_argument("--liveness", default="http://127.0.0.1:8080/healthz")
-    dev.add_argument("--resync-seconds", type=float, default=10.0)
+    dev.add_argument("--liveness", default="http://127.0.0.1:8080/healthz", help="liveness endpoint URL ('' disables)")
+    dev.add_argument(
+        "--resync-seconds", type=float, default=10.0, help="how often each service's topology is re-declared"
+    )
     dev.add_argument(
         "--no-sample-worker",
         action="store_true",
         help="do not run examples/app/billing_app.py locally with a trickle of events",
     )
     _add_webhook_options(dev, "127.0.0.1")
-    dev.add_argument("--verbose", "-v", action="store_true")
+    dev.add_argument("--verbose", "-v", action="store_true", help="debug logging (kopf's --verbose)")
     dev.set_defaults(handler=_cmd_dev)
 
     topology = commands.add_parser(
-        "topology", help="list a service's planned queues and exchanges with their depths on the broker"
+        formatter_class=_Help,
+        name="topology",
+        help="list a service's planned queues and exchanges with their depths on the broker",
     )
     topology.add_argument("name", help="the CeleryEventService")
-    topology.add_argument("--namespace", "-n", default="default")
+    topology.add_argument("--namespace", "-n", default="default", help="the resource's namespace")
     topology.add_argument("--broker-url", help="use this URL instead of the resource's Secret")
     topology.add_argument("--json", action="store_true", help="print JSON rows")
     topology.set_defaults(handler=_cmd_topology)
 
-    archive = commands.add_parser("archive", help="list, replay or purge a service's archived events")
+    archive = commands.add_parser(
+        formatter_class=_Help, name="archive", help="list, replay or purge a service's archived events"
+    )
     actions = archive.add_subparsers(dest="action", required=True)
     for action, text in (
         ("list", "show the archived events (reading changes nothing)"),
         ("replay", "send archived events back to the service's handler queues"),
         ("purge", "delete archived events"),
     ):
-        sub = actions.add_parser(action, help=text)
+        sub = actions.add_parser(formatter_class=_Help, name=action, help=text)
         sub.add_argument("service", help="the CeleryEventService (with --broker-url: its serviceName)")
-        sub.add_argument("--namespace", "-n", default="default")
+        sub.add_argument("--namespace", "-n", default="default", help="the resource's namespace")
         sub.add_argument("--broker-url", help="connect here instead of through the resource's Secret")
         sub.add_argument("--event", help="only events of this name (routing key)")
         sub.add_argument("--older-than", type=_duration, help="only events archived longer ago (90s, 5m, 2h, 1d)")
         sub.add_argument("--newer-than", type=_duration, help="only events archived more recently")
         sub.set_defaults(handler=_cmd_archive)
         if action == "list":
-            sub.add_argument("--json", action="store_true")
+            sub.add_argument("--json", action="store_true", help="print JSON rows")
         if action == "replay":
             sub.add_argument("--limit", type=int, help="replay at most this many")
             sub.add_argument("--dry-run", action="store_true", help="count what would be replayed; change nothing")
@@ -339,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "purge":
             sub.add_argument("--yes", action="store_true", help="confirm the deletion")
 
-    crd_command = commands.add_parser("crd", help="render crds/ from the API models")
+    crd_command = commands.add_parser(formatter_class=_Help, name="crd", help="render crds/ from the API models")
     crd_command.add_argument(
         "--output-dir",
         action="append",
@@ -353,7 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    status: int = args.handler(args)
+    try:
+        status: int = args.handler(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as Unix tools do, with SIGPIPE's status.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return status
 
 

@@ -33,6 +33,10 @@ class UnsupportedOperationError(OperatorError):
     """The broker does not support what was asked of it, e.g. `if-empty` on a quorum queue."""
 
 
+class ArchiveNotFoundError(OperatorError):
+    """The service has no archive queue on the broker (archive disabled, another vhost or serviceName)."""
+
+
 class ManagementUnavailableError(OperatorError):
     """The RabbitMQ management API did not answer (counts fall back to ready messages only)."""
 

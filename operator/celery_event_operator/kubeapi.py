@@ -46,6 +46,16 @@ API_CALLS = (
     ("", "pods", "watch"),
     # healing: a pod that runs without the current settings is evicted (PodDisruptionBudgets hold)
     ("", "pods/eviction", "create"),
+    # replicas (--peering): the kopf peering object, made by the first replica (kopf lists, watches and
+    # patches it; a namespaced operator uses a KopfPeering per namespace, a cluster-wide one a ClusterKopfPeering)
+    ("kopf.dev", "clusterkopfpeerings", "create"),
+    ("kopf.dev", "clusterkopfpeerings", "list"),
+    ("kopf.dev", "clusterkopfpeerings", "watch"),
+    ("kopf.dev", "clusterkopfpeerings", "patch"),
+    ("kopf.dev", "kopfpeerings", "create"),
+    ("kopf.dev", "kopfpeerings", "list"),
+    ("kopf.dev", "kopfpeerings", "watch"),
+    ("kopf.dev", "kopfpeerings", "patch"),
     # autoscaling and spec.workers.replicas: the workers' replicas through /scale
     ("apps", "deployments/scale", "get"),
     ("apps", "deployments/scale", "patch"),
@@ -189,6 +199,21 @@ class KubeApi:
             ),
             f"cannot patch the status of {namespace}/{name}",
         )
+
+    def ensure_peering(self, name: str, namespace: str | None) -> None:
+        """The kopf peering object the replicas meet in: a ClusterKopfPeering, or a KopfPeering in `namespace`."""
+        plural, kind = ("kopfpeerings", "KopfPeering") if namespace else ("clusterkopfpeerings", "ClusterKopfPeering")
+        body = {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": {"name": name}}
+        try:
+            if namespace:
+                self._custom.create_namespaced_custom_object(
+                    "kopf.dev", "v1", namespace, plural, body, _request_timeout=10
+                )
+            else:
+                self._custom.create_cluster_custom_object("kopf.dev", "v1", plural, body, _request_timeout=10)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: it exists (another replica made it)
+                raise KubeError(f"cannot create the {kind} {name}: HTTP {exc.status} {exc.reason}") from None
 
     def list_services(self, namespace: str) -> list[dict[str, Any]]:
         """Every CeleryEventService of a namespace (the webhook's short deadline: a short timeout)."""

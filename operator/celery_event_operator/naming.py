@@ -8,6 +8,8 @@ from __future__ import annotations
 EXCEPTION_HEADER = "x-celery-events-exception"
 EXCEPTION_TYPE_HEADER = "x-celery-events-exception-type"
 ARCHIVED_AT_HEADER = "x-celery-events-archived-at"
+# Set per worker pod by the webhook (from its grace period); read by the injected settings and the runtime.
+SOFT_SHUTDOWN_ENV = "CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"
 
 
 def handler_queue_name(service: str, event: str) -> str:

@@ -13,6 +13,9 @@ from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_B
 DEFAULT_RESYNC_SECONDS = 30.0
 DEFAULT_METRICS_PORT = 9808
 DEFAULT_WEBHOOK_PORT = 9443
+# A replica that stops renewing its peering record (killed) is presumed dead after this long; a standby then
+# takes over. (A replica that stops gracefully withdraws its record at once.)
+PEERING_LIFETIME_SECONDS = 15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,8 @@ class OperatorOptions:
     namespaces: tuple[str, ...] = ()  # empty: cluster-wide
     shard_index: int = 0
     shard_count: int = 1  # >1: this operator keeps only the services that hash to its shard
+    peering: str | None = None  # kopf peering of the replicas: the one of highest priority reconciles
+    priority: int = 0
 
     def owns(self, namespace: str | None, name: str | None) -> bool:
         """Whether this operator's shard keeps the resource (every replica still indexes all of them)."""

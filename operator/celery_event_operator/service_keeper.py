@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import json
 import logging
 import random
 import time
@@ -84,6 +85,17 @@ class Context:
             serve_metrics(context.metrics, options.metrics_port, options.metrics_addr)
         return context
 
+    async def ensure_peering(self) -> None:
+        """The kopf peering object this replica meets the others in (each served namespace has its own)."""
+        name = self.options.peering
+        if name is None:
+            return
+        for namespace in self.options.namespaces or (None,):
+            try:
+                await self.kube.call(self.kube.api.ensure_peering, name, namespace)
+            except KubeError as exc:  # e.g. the peering CRDs are not installed: kopf pauses and says so
+                logging.getLogger(__name__).warning("%s", exc)
+
     async def close(self) -> None:
         await self.brokers.close_all()
         self.kube.close()
@@ -126,14 +138,20 @@ class ServiceKeeper:
             await self._reconcile(body, pods, annotate)
 
     async def _reconcile(self, body: Mapping[str, Any], pods: ServicePods, annotate: Annotate | None) -> None:
+        accepted, changed = service_status.immutable_changes(body)
         try:
             validated, topology = self._understood(body)
+            if changed is not None:
+                raise changed
         except InvalidSpecError as exc:
+            # An immutable field changed: nothing is touched (a renamed service would get a second topology).
             await self._let_go()
-            decision = service_status.conclude_invalid(body, exc, _now(), self._conditions)
+            reason = "InvalidSpec" if changed is None else "ImmutableFieldChanged"
+            decision = service_status.conclude_invalid(body, exc, _now(), self._conditions, reason)
             self.context.metrics.count_reconcile(False)
             await self._write(body, decision.status_patch, decision.annotations, decision.events, annotate)
             return
+        remembered = {service_status.ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
         self._service = validated.service_name
         previous = service_status.declared_entities(body)
         broker, failure = await self._broker_for(validated)
@@ -156,7 +174,7 @@ class ServiceKeeper:
         status["conditions"], monitoring_events = self._monitoring_conditions(
             status["conditions"], body, validated, broker
         )
-        await self._write(body, status, decision.annotations, (*events, *monitoring_events), annotate)
+        await self._write(body, status, {**decision.annotations, **remembered}, (*events, *monitoring_events), annotate)
 
     async def status_pass(self, body: Mapping[str, Any], pods: ServicePods) -> None:
         """Queue lengths into status, the autoscaling decision, the consumer's condition."""

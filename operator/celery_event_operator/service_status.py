@@ -10,10 +10,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-from celery_event_operator.api import conditions
+from celery_event_operator.api import conditions, models
 from celery_event_operator.api.models import (
     GROUP,
     CeleryEventServiceSpec,
@@ -33,6 +34,9 @@ MONITORING_READY = "MonitoringReady"
 T = TypeVar("T")
 # The entities last declared for the service, so that what the spec drops can be removed later.
 DECLARED_ANNOTATION = f"{GROUP}/declared-entities"
+# The immutable fields as the operator first accepted them: checked again by the operator itself, for API
+# servers that do not enforce the CRD's transition rules (and the emulated one).
+ACCEPTED_IMMUTABLE_ANNOTATION = f"{GROUP}/accepted-immutable-fields"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +90,37 @@ def validate(body: Mapping[str, Any]) -> Validated:
     """The spec as the operator will act on it; InvalidSpecError with a readable message otherwise."""
     spec = parse_spec(body.get("spec") or {})
     return Validated(spec, effective_service_name(spec, body.get("metadata", {}).get("name", "")))
+
+
+def immutable_values(body: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"broker.vhost": ..., "queueType": ...}`: the spec's immutable fields as written (None when absent)."""
+    values: dict[str, Any] = {}
+    for path in models.immutable_paths():
+        value: Any = body.get("spec") or {}
+        for part in path:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        values[".".join(path)] = value
+    return values
+
+
+def immutable_changes(body: Mapping[str, Any]) -> tuple[dict[str, Any], InvalidSpecError | None]:
+    """The immutable fields to remember, and the error when one changed since the operator accepted them."""
+    current = immutable_values(body)
+    raw = (body.get("metadata", {}).get("annotations") or {}).get(ACCEPTED_IMMUTABLE_ANNOTATION)
+    try:
+        accepted = json.loads(raw) if raw else None
+    except ValueError:
+        accepted = None  # hand-edited: start again from what is there now
+    if not isinstance(accepted, dict):
+        return current, None
+    changed = [
+        f"{field} is immutable: it was {accepted.get(field)!r} when the resource was accepted and is {value!r} now"
+        for field, value in current.items()
+        if field in accepted and accepted[field] != value
+    ]
+    if not changed:
+        return current, None
+    return accepted, InvalidSpecError("; ".join(changed) + " (set it back, or create a new resource)")
 
 
 def declared_entities(body: Mapping[str, Any]) -> Declared:
@@ -176,10 +211,11 @@ def conclude_invalid(
     error: InvalidSpecError,
     now: datetime.datetime,
     previous: Sequence[Mapping[str, Any]] | None = None,
+    reason: str = "InvalidSpec",
 ) -> Decision:
     meta = body.get("metadata", {})
     state = _Conditions(_previous(body, previous), meta.get("generation"), now)
-    state.set(conditions.READY, "False", "InvalidSpec", str(error))
+    state.set(conditions.READY, "False", reason, str(error))
     return Decision(
         {"observedGeneration": meta.get("generation"), "conditions": _sorted_conditions(state.current)},
         tuple(state.events),

@@ -121,6 +121,9 @@ def test_every_rendered_operator_starts_and_serves_its_probes_and_webhook(
     values: dict[str, Any], kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path
 ) -> None:
     documents = render(values)
+    for definition in of_kind(documents, "CustomResourceDefinition"):  # installed with the chart
+        if definition["metadata"]["name"] != crd_installed["metadata"]["name"]:
+            kube_api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition)
     secrets, ca_bundle = _webhook_secrets(documents, tmp_path)
     for index, deployment in enumerate(of_kind(documents, "Deployment")):  # one at a time: the same ports
         pod = deployment["spec"]["template"]["spec"]

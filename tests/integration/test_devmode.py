@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
 import urllib.request
+from typing import Any
 
+import pytest
+from kombu.connection import Connection
+
+from celery_event_devcluster import devmode
+from celery_event_operator.options import OperatorOptions
 from tests.conftest import REPO
+from tests.support import rabbitmq
 from tests.support.kube import eventually
 from tests.support.operator_process import free_port
 
@@ -38,6 +48,8 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             str(REPO / "examples" / "broker-secret.yaml"),
             "--example",
             str(REPO / "examples" / "billing.yaml"),
+            "--example",
+            str(REPO / "examples" / "billing-worker.yaml"),
             "--liveness",
             "",
             "--broker-url",
@@ -83,13 +95,53 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             except OSError:
                 return False  # not serving yet
             return any(
-                line.startswith("celery_task_succeeded_total{")
-                and 'namespace="default"' in line
-                and 'service_name="billing"' in line
+                line.startswith("celery_task_succeeded_total{") and 'service_name="billing"' in line
                 for line in text.splitlines()
             )
 
         eventually(live_metrics, timeout=60, message="no live metrics from the sample worker")
+
+        # Issue #16: the whole product shows: the sample Deployment is found, events retry, one is archived.
+        def status() -> dict[str, Any]:
+            found: dict[str, Any] = json.loads(kubectl(kubeconfig, "get", "ces", "billing", "-o", "json").stdout)
+            return found.get("status", {})
+
+        def condition(kind: str) -> dict[str, Any]:
+            return next((c for c in status().get("conditions", []) if c["type"] == kind), {})
+
+        eventually(lambda: condition("WorkersConfigured").get("status") == "True", timeout=30, message="workers")
+        eventually(lambda: status().get("retrying", 0) > 0, timeout=90, message="no event was seen retrying")
+
+        def archived_exceptions() -> list[str]:
+            listed = subprocess.run(
+                [sys.executable, "-m", "celery_event_operator.cli", "archive", "list", "billing", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+            )
+            return [row["exception"] or "" for row in json.loads(listed.stdout)]
+
+        eventually(
+            lambda: any(text.startswith("TypeError") for text in archived_exceptions()),
+            timeout=90,
+            message="the sample's buggy event was not archived",
+        )
+
+        # The README's maxRetries patch: the sample worker follows, as a rollout would replace its pod.
+        patched = kubectl(
+            kubeconfig, "patch", "ces", "billing", "--type=merge", "-p", '{"spec":{"retry":{"maxRetries":3}}}'
+        )
+        assert patched.returncode == 0, patched.stderr
+        eventually(
+            lambda: "the sample worker restarts" in (state / "sample-worker.log").read_text(errors="replace"),
+            timeout=30,
+            message="the sample worker kept its old settings",
+        )
+        eventually(lambda: condition("WorkersConfigured").get("status") == "True", timeout=60, message="rolled")
+        settings_json = json.loads((state / "settings" / "settings.json").read_text())
+        assert len(settings_json["celery_events"]["retry_exchanges"]) == 3, "the worker runs the new settings"
 
         applied = kubectl(kubeconfig, "apply", "--validate=false", "-f", str(REPO / "examples/shipping-quorum.yaml"))
         assert applied.returncode == 0, applied.stderr
@@ -101,3 +153,74 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
     output = (tmp_path / "dev.log").read_text()
     assert "export KUBECONFIG=" in output
     assert exit_code == 0, output[-5000:]
+
+
+def readme_block() -> str:
+    """The commands the README tells a new user to run in another shell while `./dev up` runs."""
+    readme = (REPO / "README.md").read_text()
+    after = readme.split("In another shell:", 1)[1]
+    return after.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_commands_work_as_written_against_the_dev_mode(tmp_path: pathlib.Path, test_vhost_url: str) -> None:
+    """Issue #16: every command of the README's block, in its order, exits 0 with no traceback (run from a
+    directory laid out as the repository: .venv, examples, and the dev mode's .dev state)."""
+    block = readme_block()
+    assert "kubectl delete ces billing" in block
+    for entry in (".venv", "examples"):
+        (tmp_path / entry).symlink_to(REPO / entry)
+    log = (tmp_path / "dev.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery_event_operator.cli", "dev", "--broker-url", test_vhost_url],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "KUBECONFIG": "/nonexistent"},
+    )
+    kubeconfig = tmp_path / ".dev" / "kubeconfig"
+    try:
+        eventually(kubeconfig.exists, timeout=30, message="no kubeconfig written")
+        eventually(
+            lambda: "True" in kubectl(kubeconfig, "get", "ces", "billing").stdout, timeout=60, message="not Ready"
+        )
+
+        def metrics_flow() -> bool:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:9808/metrics", timeout=5) as response:
+                    return "celery_task_received_total{" in response.read().decode()
+            except OSError:
+                return False
+
+        eventually(metrics_flow, timeout=60, message="no task metrics yet")
+        result = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", block],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+            env={**os.environ, "KUBECONFIG": "/nonexistent"},
+        )
+        assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        assert "Traceback" not in result.stdout + result.stderr
+        assert 'celeryeventservice.celeryevents.io "billing" deleted' in result.stdout
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(20)
+        log.close()
+
+
+def test_the_dev_vhost_is_made_at_start_and_removed_by_dev_down(
+    monkeypatch: pytest.MonkeyPatch, amqp_url: str, rabbitmq_management: rabbitmq.Management
+) -> None:
+    """The dev mode's own vhost (a name of this test's: a developer's `./dev up` may be running)."""
+    name = f"ceo-case-dev-{secrets.token_hex(3)}"
+    monkeypatch.setattr(devmode, "DEV_VHOST", name)
+    monkeypatch.setenv("AMQP_URL", amqp_url)
+    url = devmode.dev_broker_url(amqp_url)
+    assert url.endswith(f"/{name}")
+    with Connection(url) as connection:
+        connection.channel().exchange_declare("probe", "topic", durable=False, auto_delete=True)
+    assert name in {vhost["name"] for vhost in rabbitmq_management.request("GET", "/vhosts")}
+    assert devmode.run_command(argparse.Namespace(down=True), OperatorOptions()) == 0
+    assert name not in {vhost["name"] for vhost in rabbitmq_management.request("GET", "/vhosts")}

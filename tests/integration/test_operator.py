@@ -6,7 +6,9 @@ import socket
 import time
 from typing import Any
 
+import amqp
 import pytest
+from kombu.connection import Connection
 
 from celery_event_operator.api import crd
 from tests.conftest import REPO, billing_sample, create_broker_secret
@@ -149,3 +151,25 @@ def test_namespaced_operator_ignores_other_namespaces(
         )
     finally:
         process.stop()
+
+
+def test_a_changed_immutable_field_is_refused_by_the_operator_itself(
+    kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str
+) -> None:
+    """Issue #16: the emulated API (like any server without CEL) accepted a rename, and the operator built a
+    second complete topology."""
+    kube_api.client.create(CES.format(ns="default"), sample())
+    eventually(lambda: ready_condition(kube_api).get("status") == "True", message="billing never became Ready")
+    kube_api.kubectl("patch", "ces", "billing", "--type=merge", "-p", '{"spec":{"serviceName":"billing2"}}')
+    refused = eventually(
+        lambda: ready_condition(kube_api).get("reason") == "ImmutableFieldChanged" and ready_condition(kube_api),
+        message="the rename was not refused",
+    )
+    assert (
+        "serviceName is immutable: it was None when the resource was accepted and is 'billing2' now"
+        in (refused["message"])
+    )
+    with Connection(test_vhost_url) as connection, pytest.raises(amqp.exceptions.NotFound):
+        connection.channel().queue_declare("billing2.orders.order.created", passive=True)
+    kube_api.kubectl("patch", "ces", "billing", "--type=json", "-p", '[{"op":"remove","path":"/spec/serviceName"}]')
+    eventually(lambda: ready_condition(kube_api).get("status") == "True", message="setting it back did not heal")

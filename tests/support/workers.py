@@ -91,6 +91,12 @@ class Worker:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
+    def terminate(self, timeout: float = 40) -> int:
+        """SIGTERM, as the kubelet sends it on a rollout or scale-down; the exit code."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)  # warm shutdown

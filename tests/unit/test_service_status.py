@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 import pytest
@@ -195,3 +196,30 @@ def test_workers_configured(workers: injection.Outcome, status: str, reason: str
     assert [e.reason for e in decision.events] == events
     expected_ready = "False" if workers.configmap_error else "True"
     assert found["Ready"]["status"] == expected_ready
+
+
+def _with_spec(spec: dict[str, Any], accepted: dict[str, Any] | str | None) -> dict[str, Any]:
+    annotations = {}
+    if accepted is not None:
+        raw = accepted if isinstance(accepted, str) else json.dumps(accepted)
+        annotations[service_status.ACCEPTED_IMMUTABLE_ANNOTATION] = raw
+    return {"metadata": {"annotations": annotations}, "spec": spec}
+
+
+def test_immutable_fields_are_remembered_and_a_change_is_refused_with_what_changed() -> None:
+    spec = {"serviceName": "billing", "queueType": "classic", "broker": {"secretRef": {"name": "s"}}}
+    first, error = service_status.immutable_changes(_with_spec(spec, None))
+    assert error is None
+    assert first == {"serviceName": "billing", "queueType": "classic", "broker.vhost": None, "events.exchange": None}
+    assert service_status.immutable_changes(_with_spec(spec, first)) == (first, None)
+    renamed = {**spec, "serviceName": "billing2", "queueType": "quorum"}
+    kept, refused = service_status.immutable_changes(_with_spec(renamed, first))
+    assert kept == first, "what was accepted stays remembered"
+    assert refused is not None
+    assert "serviceName is immutable: it was 'billing' when the resource was accepted and is 'billing2' now" in str(
+        refused
+    )
+    assert "queueType is immutable" in str(refused)
+    with_vhost = {**spec, "broker": {"secretRef": {"name": "s"}, "vhost": "/other"}}
+    assert service_status.immutable_changes(_with_spec(with_vhost, first))[1] is not None, "set where it was unset"
+    assert service_status.immutable_changes(_with_spec(renamed, "not json"))[1] is None, "garbage: start again"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -472,3 +472,15 @@ def parse_spec(raw_spec: Any) -> CeleryEventServiceSpec:
             for error in exc.errors(include_input=False, include_url=False)
         )
         raise InvalidSpecError(f"invalid spec: {problems}") from exc
+
+
+def immutable_paths(model: type[BaseModel] | None = None, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The spec's immutable fields as camelCase paths (`("broker", "vhost")`), from the models' transition rules."""
+    model = model or CeleryEventServiceSpec
+    rules: tuple[Rule, ...] = getattr(model, "RULES", ())
+    paths = [(*prefix, rule.immutable) for rule in rules if rule.immutable]
+    for name, field in model.model_fields.items():
+        for candidate in get_args(field.annotation) or (field.annotation,):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                paths += immutable_paths(candidate, (*prefix, field.alias or name))
+    return paths

@@ -142,7 +142,7 @@ def table(items: list[Archived], now: float) -> str:
         )
         for item in items
     ]
-    widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(columns)]
+    widths = [max([len(column), *(len(row[i]) for row in rows)]) for i, column in enumerate(columns)]
     lines = ["  ".join(column.ljust(width) for column, width in zip(columns, widths, strict=True)).rstrip()]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from kombu.connection import Connection
 
 from celery_event_operator import naming
 from celery_event_operator.archive.messages import Archived, describe, replay_headers, selected
+from celery_event_operator.errors import ArchiveNotFoundError
 
 Progress = Callable[[int, int], None]
 
@@ -49,9 +50,20 @@ def _body(message: amqp.Message) -> bytes:
     return body.encode() if isinstance(body, str) else bytes(body)
 
 
+def _depth(channel: Any, queue: str) -> int:
+    try:
+        count: int = channel.queue_declare(queue, passive=True).message_count
+    except amqp.exceptions.NotFound:
+        raise ArchiveNotFoundError(
+            f"there is no archive queue {queue!r} on this broker (is the archive enabled, and are the vhost and "
+            "the serviceName right?)"
+        ) from None
+    return count
+
+
 def _browse(channel: Any, queue: str) -> Iterator[tuple[Archived, amqp.Message]]:
     """Every message of the queue once, oldest first, left unacknowledged."""
-    count = channel.queue_declare(queue, passive=True).message_count
+    count = _depth(channel, queue)
     for position in range(count):
         message = channel.basic_get(queue, no_ack=False)
         if message is None:
@@ -72,8 +84,7 @@ def _browse(channel: Any, queue: str) -> Iterator[tuple[Archived, amqp.Message]]
 def archive_size(connection: Connection, service: str) -> int:
     channel = connection.channel()
     try:
-        count: int = channel.queue_declare(naming.archive_name(service), passive=True).message_count
-        return count
+        return _depth(channel, naming.archive_name(service))
     finally:
         channel.close()
 

@@ -28,7 +28,7 @@ from kombu.connection import Connection
 from celery_event_operator.broker.address import BrokerAddress, Endpoint
 from celery_event_operator.broker.backoff import Backoff
 from celery_event_operator.broker.tls import TlsFiles, kombu_options
-from celery_event_operator.errors import BrokerUnavailableError
+from celery_event_operator.errors import BrokerUnavailableError, UnsupportedOperationError
 
 T = TypeVar("T")
 
@@ -80,6 +80,12 @@ class ControlConnection:
                     if self._connection is None:
                         self._connection = self._connect()
                     result = work(self._connection)
+                except amqp.exceptions.AMQPNotImplementedError as exc:
+                    # The broker cannot do it (and closed the connection): no retry, no backoff, its own reason.
+                    self._drop()
+                    raise UnsupportedOperationError(
+                        f"the broker does not support an operation: {exc.reply_text}"
+                    ) from None
                 except CONNECTION_ERRORS as exc:
                     self._drop()
                     if fresh or attempt == 2:

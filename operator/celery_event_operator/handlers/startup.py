@@ -11,7 +11,7 @@ import kopf
 
 from celery_event_operator import certs
 from celery_event_operator.api.models import GROUP
-from celery_event_operator.options import OperatorOptions, WebhookOptions
+from celery_event_operator.options import PEERING_LIFETIME_SECONDS, OperatorOptions, WebhookOptions
 from celery_event_operator.service_keeper import Context
 
 # kopf keeps its progress and diff-base in annotations under our group, so `status` holds only
@@ -24,6 +24,7 @@ FINALIZER = f"{GROUP}/finalizer"
 async def connect(memo: kopf.Memo, **_: Any) -> None:
     # Shared by every resource's keeper (kopf copies the memo per object, not the objects in it).
     memo.context = Context.open(memo.options)
+    await memo.context.ensure_peering()
 
 
 @kopf.on.cleanup()
@@ -60,6 +61,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.client_timeout = 60
     settings.watching.connect_timeout = 10
     options: OperatorOptions = memo.options
+    if options.peering is not None:
+        settings.peering.mandatory = True  # never run unpeered beside a replica that is peered
+        settings.peering.lifetime = PEERING_LIFETIME_SECONDS
+        settings.peering.stealth = True  # no keep-alive log lines
     if options.webhook is not None:
         # The webhook configuration is the chart's (failurePolicy Ignore, short timeout); kopf serves.
         settings.admission.server = webhook_server(options.webhook)

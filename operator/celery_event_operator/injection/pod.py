@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery_event_operator.injection.settings import HASH_ANNOTATION, LOADER_MODULE, MOUNT_PATH, SETTINGS_FILE
+from celery_event_operator.naming import SOFT_SHUTDOWN_ENV
 
 VOLUME_NAME = "celeryevents-settings"
+DEFAULT_GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds
+SHUTDOWN_MARGIN_SECONDS = 5
 WARNING_ANNOTATION = "celeryevents.io/injection-warning"
 
 
@@ -36,7 +39,15 @@ class PodChanges:
     annotations: dict[str, str]
 
 
-def _environment(injection: Injection) -> list[dict[str, Any]]:
+def soft_shutdown_seconds(pod: Mapping[str, Any]) -> int:
+    """How long a worker lets running tasks finish after SIGTERM: the pod's grace period, less a margin for
+    the cold shutdown that hands what is left back to the broker before the kubelet's SIGKILL."""
+    grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    grace = grace if isinstance(grace, int) and grace >= 0 else DEFAULT_GRACE_SECONDS
+    return max(1, grace - SHUTDOWN_MARGIN_SECONDS) if grace > 1 else 0
+
+
+def _environment(injection: Injection, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [
         {
             "name": "CELERY_BROKER_URL",
@@ -50,14 +61,19 @@ def _environment(injection: Injection) -> list[dict[str, Any]]:
         # Mingle and gossip broadcast to every worker (N² messages); heartbeats stay on.
         {"name": "CELERY_WORKER_WITHOUT_MINGLE", "value": "1"},
         {"name": "CELERY_WORKER_WITHOUT_GOSSIP", "value": "1"},
+        # A rollout or scale-down sends SIGTERM, then SIGKILL after the grace period. Remapped to Celery's
+        # cold shutdown with a soft shutdown first: running tasks may finish within the grace period, what is
+        # left is handed back to the broker (acks are late) instead of dying with the SIGKILL.
+        {"name": "REMAP_SIGTERM", "value": "SIGQUIT"},
+        {"name": SOFT_SHUTDOWN_ENV, "value": str(soft_shutdown_seconds(pod))},
     ]
 
 
-def _container(container: Mapping[str, Any], injection: Injection) -> dict[str, Any]:
+def _container(container: Mapping[str, Any], injection: Injection, pod: Mapping[str, Any]) -> dict[str, Any]:
     result = copy.deepcopy(dict(container))
     env: list[dict[str, Any]] = result.setdefault("env", [])
     present = {variable.get("name") for variable in env}
-    env.extend(variable for variable in _environment(injection) if variable["name"] not in present)
+    env.extend(variable for variable in _environment(injection, pod) if variable["name"] not in present)
     python_paths = [variable for variable in env if variable.get("name") == "PYTHONPATH"]
     if not python_paths:
         env.append({"name": "PYTHONPATH", "value": MOUNT_PATH})
@@ -72,7 +88,7 @@ def _container(container: Mapping[str, Any], injection: Injection) -> dict[str, 
 def changes(pod: Mapping[str, Any], injection: Injection) -> PodChanges:
     """The containers and volumes with the injection appended, and the annotations to set."""
     spec = pod.get("spec") or {}
-    containers = [_container(container, injection) for container in spec.get("containers") or []]
+    containers = [_container(container, injection, pod) for container in spec.get("containers") or []]
     volumes = copy.deepcopy(list(spec.get("volumes") or []))
     if not any(volume.get("name") == VOLUME_NAME for volume in volumes):
         volumes.append({"name": VOLUME_NAME, "configMap": {"name": injection.configmap, "defaultMode": 0o444}})

@@ -31,7 +31,9 @@ import os as _os
 
 with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "settings.json")) as _file:
     globals().update(_json.load(_file)["celery"])
-'''
+# Per pod (its grace period), so from the pod's env, not from the service's settings.
+worker_soft_shutdown_timeout = float(_os.environ.get("{SOFT_SHUTDOWN_ENV}") or 0)
+'''.replace("{SOFT_SHUTDOWN_ENV}", naming.SOFT_SHUTDOWN_ENV)
 
 
 def configmap_name(service: str) -> str:
@@ -88,7 +90,12 @@ def configmap_data(settings: dict[str, Any]) -> dict[str, str]:
 
 def config_hash(settings: dict[str, Any]) -> str:
     """Changes whenever what the workers load changes (data or loader)."""
+    return data_hash(configmap_data(settings))
+
+
+def data_hash(data: dict[str, str]) -> str:
+    """The hash of a settings ConfigMap's data (so of what its pods load)."""
     digest = hashlib.sha256()
-    for name, content in sorted(configmap_data(settings).items()):
+    for name, content in sorted(data.items()):
         digest.update(name.encode() + b"\0" + content.encode() + b"\0")
     return digest.hexdigest()[:16]

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Celery, Task
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, NotRegistered, Reject, Retry
+from celery.worker.consumer import Consumer
 from kombu.entity import Exchange, Queue
 
 from celery_event_operator import naming
@@ -25,6 +27,10 @@ DEFAULT_SETTINGS_PATH = "/etc/celery-events/settings.json"
 EXCEPTION_HEADER = naming.EXCEPTION_HEADER
 EXCEPTION_TYPE_HEADER = naming.EXCEPTION_TYPE_HEADER
 MAX_EXCEPTION_TEXT = 2000
+
+
+class UnknownMessageError(Exception):
+    """A message on a handler queue that is no Celery task message."""
 
 
 class PoisonMessageError(Exception):
@@ -109,16 +115,21 @@ class EventHandler(Task):  # type: ignore[misc]  # Celery is untyped
     acks_on_failure_or_timeout = False
     default_retry_delay = 0  # retries wait on the broker, never in the worker (no ETA)
     max_retries = None  # the runtime counts attempts from the message (`retries`), not Celery
+    # The arguments are checked against the handler before it runs (below); the copies for the retry levels
+    # and the archive are published as they came, so Celery must not check them again on the way out (a
+    # TypeError there made an event with a wrong argument loop forever, never archived).
+    typing = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         events: EventsSettings = self.app.events_settings
         queue = events.queue_of(self.name)
         passes = rejected_passes(self.request, queue)
         if events.max_retries and passes >= events.max_retries:
-            error = PoisonMessageError(f"came back {passes} times after its worker died on it")
-            self._archive(error)
-            self._report_failure(error)
-            raise Ignore from error
+            self._fail_for_good(PoisonMessageError(f"came back {passes} times after its worker died on it"))
+        try:
+            inspect.signature(self.run).bind(*args, **kwargs)
+        except TypeError as exc:  # arguments that do not fit the handler: no retry can fix it
+            self._fail_for_good(exc)
         try:
             return self.run(*args, **kwargs)
         except (Retry, Ignore, Reject):
@@ -127,6 +138,12 @@ class EventHandler(Task):  # type: ignore[misc]  # Celery is untyped
             self._retry_or_archive(exc)
             self._report_failure(exc)
             raise Ignore from exc  # archived (or dropped by configuration): acknowledge the original
+
+    def _fail_for_good(self, error: Exception) -> NoReturn:
+        """Archived at once (no retry can help), reported, and the original acknowledged."""
+        self._archive(error)
+        self._report_failure(error)
+        raise Ignore from error
 
     def _report_failure(self, exc: Exception) -> None:
         # Ignore sends no event of its own; monitoring must still see the final failure.
@@ -231,8 +248,76 @@ class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
                     "handler %r is not in spec.events.handlers of service %r: not consumed", name, events.service
                 )
                 continue
-            queues.append(Queue(events.queue_of(name), exchange=exchange, routing_key=name, no_declare=True))
+            queues.append(
+                Queue(
+                    events.queue_of(name),
+                    exchange=exchange,
+                    routing_key=name,
+                    no_declare=True,
+                    # Never declared from here; the type tells Celery to use per-consumer QoS, which is all a
+                    # quorum queue supports (global QoS: 540 NOT_IMPLEMENTED on basic.consume).
+                    queue_arguments={"x-queue-type": "quorum"} if events.queue_type == "quorum" else None,
+                )
+            )
         self.conf.task_queues = queues
+
+
+class EventsConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
+    """Celery's worker consumer, with two changes.
+
+    No native delayed delivery, which Celery >= 5.5 switches on for quorum queues: it would declare its own
+    `celery_delayed_*` exchanges and queues and bind ours to them. Retries wait on the broker in the
+    operator's retry levels instead, for both queue types, and nothing is declared beyond the plan.
+
+    A message that can never be run — a body that does not decode, a task no handler is registered for, a
+    message that is no task — is archived at once with the reason, where Celery would drop it (decode
+    errors) or reject it (a loop through the retry levels on classic queues).
+    """
+
+    class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
+        default_steps = [step for step in Consumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")]
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        self._archive_unrunnable(message, exc)
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        self._archive_unrunnable(message, UnknownMessageError("the message is no Celery task"))
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        # Celery passes the KeyError of its lookup; what it reports is NotRegistered(name), and so do we.
+        self._archive_unrunnable(message, NotRegistered((message.headers or {}).get("task", "?")))
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._archive_unrunnable(message, exc)
+
+    def _archive_unrunnable(self, message: Any, exc: Exception) -> None:
+        events: EventsSettings = self.app.events_settings
+        routing_key = (message.delivery_info or {}).get("routing_key", "")
+        if events.archive_exchange is None:
+            logger.error("a message on %r cannot be run and the archive is disabled: dropped (%r)", routing_key, exc)
+            message.ack()
+            return
+        headers = {key: value for key, value in (message.headers or {}).items() if key != "x-death"}
+        headers[EXCEPTION_TYPE_HEADER] = type(exc).__name__
+        headers[EXCEPTION_HEADER] = f"{type(exc).__name__}: {exc}"[:MAX_EXCEPTION_TEXT]
+        headers[naming.ARCHIVED_AT_HEADER] = time.time()
+        try:
+            with self.app.producer_or_acquire() as producer:
+                producer.publish(
+                    message.body,  # as it came: bytes with its own content type and encoding
+                    exchange=events.archive_exchange,
+                    routing_key=routing_key,
+                    headers=headers,
+                    content_type=message.content_type or "application/octet-stream",
+                    content_encoding=message.content_encoding or "binary",
+                    declare=[],
+                )
+        except Exception:
+            logger.exception("a message on %r cannot be run and archiving it failed: rejected", routing_key)
+            message.reject(requeue=False)  # dead-lettered rather than lost
+            return
+        logger.error("a message on %r cannot be run: archived (%r)", routing_key, exc)
+        message.ack()
 
 
 def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
@@ -252,7 +337,14 @@ def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
         os.environ["CELERY_BROKER_URL"] = with_vhost(os.environ["CELERY_BROKER_URL"], events.vhost)
     app = EventsApp(events.service, events=events)
     app.config_from_object(
-        {**ROBUST_CELERY_SETTINGS, **settings.get("celery", {}), "task_default_exchange": events.events_exchange}
+        {
+            **ROBUST_CELERY_SETTINGS,
+            **settings.get("celery", {}),
+            "task_default_exchange": events.events_exchange,
+            "worker_consumer": f"{EventsConsumer.__module__}:{EventsConsumer.__qualname__}",
+            # Per pod (its grace period, set by the webhook): how long running tasks may finish after SIGTERM.
+            "worker_soft_shutdown_timeout": float(os.environ.get(naming.SOFT_SHUTDOWN_ENV) or 0),
+        }
     )
     app.conf.update(overrides)
     return app

@@ -32,7 +32,8 @@ class ScalerMemory:
     """What one service's passes remember between them (in the operator's memory only)."""
 
     history: tuple[policy.Recommendation, ...] | None = None
-    last_problem: str | None = None
+    last_problem: str | None = None  # why queue lengths are unknown (announced once)
+    last_scale_problem: str | None = None  # why the workload's scale cannot be read (announced once)
     scale: int | None = None  # the workload's desired replicas (its /scale), as last read
     scale_read_at: float = -float("inf")
 
@@ -118,8 +119,13 @@ async def run_pass(
         if memory.scale is None or now - memory.scale_read_at > scale_max_age:
             await _read_scale(kube, namespace, target, memory, now=now)
     except KubeError as exc:
-        events.append(EventNote("Warning", "ScalingPaused", str(exc)))
+        # Worth an Event only when something is to be scaled, and once per distinct problem.
+        scaling = spec.autoscaling.enabled or workers.replicas is not None
+        if scaling and str(exc) != memory.last_scale_problem:
+            events.append(EventNote("Warning", "ScalingPaused", str(exc)))
+        memory.last_scale_problem = str(exc)
         return Pass(status, tuple(events), depths)
+    memory.last_scale_problem = None
     if memory.scale is None:
         return Pass(status, tuple(events), depths)  # the reconcile reports the missing target
     current = memory.scale

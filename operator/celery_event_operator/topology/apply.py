@@ -71,19 +71,31 @@ def _peek(channel: _Channel, name: str) -> QueueState | None:
         return QueueState(name, None, ok.message_count, ok.consumer_count)
 
 
-def _delete_if_empty(channel: _Channel, name: str) -> QueueState | None:
-    """Delete an empty queue; returns the state of a non-empty one, which stays."""
+def _delete_if_empty(channel: _Channel, name: str, queue_type: str | None = "classic") -> QueueState | None:
+    """Delete an empty queue; returns the state of a non-empty one, which stays.
+
+    A classic queue is deleted with `if-empty`, atomically. Quorum queues refuse that flag (540
+    NOT_IMPLEMENTED, which closes the connection): one with no ready messages and no consumers (so none
+    unacknowledged either) is deleted without it. A message published between the check and the delete
+    is lost with the queue; an obsolete queue is unbound first, so only a publisher that still names it
+    directly (a worker on old settings, in that moment) can hit the gap. A queue of unknown type (an
+    older record) is treated as quorum: the check-then-delete is safe for both types.
+    """
     state = _peek(channel, name)
     if state is None:
         return None
-    if state.messages:
-        return state
-    try:
-        channel.call("queue_delete", name, if_empty=True)
-    except amqp.exceptions.PreconditionFailed:  # a message arrived in between: it stays
-        return _peek(channel, name)
-    else:
+    if queue_type == "classic":
+        if state.messages:
+            return state
+        try:
+            channel.call("queue_delete", name, if_empty=True)
+        except amqp.exceptions.PreconditionFailed:  # a message arrived in between: it stays
+            return _peek(channel, name)
         return None
+    if state.messages or state.consumers:
+        return state
+    channel.call("queue_delete", name)
+    return None
 
 
 def _declare_exchange(channel: _Channel, exchange: plan.Exchange) -> None:
@@ -118,7 +130,7 @@ def _ensure_queue(channel: _Channel, queue: plan.Queue, report: Report) -> None:
         argument = _argument_named(exc)
     else:
         return
-    kept = _delete_if_empty(channel, queue.name)
+    kept = _delete_if_empty(channel, queue.name, str(queue.arguments.get("x-queue-type", "classic")))
     if kept is None:
         _declare_queue(channel, queue)
         report.recreated.append(queue.name)
@@ -143,7 +155,7 @@ def _remove_obsolete(channel: _Channel, topology: Topology, obsolete: Declared, 
             if exchange in staying:  # so that it stops filling up while it waits to drain
                 with contextlib.suppress(amqp.exceptions.NotFound):  # already unbound or gone
                     channel.call("queue_unbind", queue.name, exchange, routing_key)
-        kept = _delete_if_empty(channel, queue.name)
+        kept = _delete_if_empty(channel, queue.name, queue.queue_type)
         if kept is None:
             report.note_removed(("queue", queue.name))
         else:

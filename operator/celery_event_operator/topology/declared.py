@@ -22,6 +22,8 @@ class DeclaredQueue:
     name: str
     bindings: tuple[tuple[str, str], ...] = ()  # (exchange, routing key) it is bound to
     dead_letter_exchange: str | None = None
+    # "classic" or "quorum"; None in records older than the field. Quorum queues refuse `if-empty` deletes.
+    queue_type: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Declared:
                 queue.name,
                 tuple(sorted(bindings.get(queue.name, ()))),
                 _text_or_none(queue.arguments.get("x-dead-letter-exchange")),
+                str(queue.arguments.get("x-queue-type", "classic")),
             )
             for queue in topology.queues
         )
@@ -77,6 +80,7 @@ class Declared:
                 "queues": [
                     {"name": queue.name, "bindings": [list(b) for b in queue.bindings]}
                     | ({"deadLetterExchange": queue.dead_letter_exchange} if queue.dead_letter_exchange else {})
+                    | ({"type": queue.queue_type} if queue.queue_type else {})
                     for queue in sorted(self.queues, key=lambda queue: queue.name)
                 ],
             },
@@ -122,4 +126,10 @@ def _queue_from_json(raw: object) -> DeclaredQueue | None:
         for binding in _list(raw.get("bindings"))
         if isinstance(binding, list) and len(binding) == 2 and all(isinstance(part, str) for part in binding)
     )
-    return DeclaredQueue(raw["name"], bindings, _text_or_none(raw.get("deadLetterExchange")))
+    queue_type = raw.get("type")
+    return DeclaredQueue(
+        raw["name"],
+        bindings,
+        _text_or_none(raw.get("deadLetterExchange")),
+        queue_type if queue_type in ("classic", "quorum") else None,
+    )

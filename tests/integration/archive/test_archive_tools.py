@@ -219,3 +219,42 @@ def test_connection_through_the_resource_and_its_secret(
     missing = cli("list", "nope", "-n", "shop", env=env, check=False)
     assert missing.returncode == 1
     assert "nope" in missing.stderr
+
+
+def test_an_empty_archive_and_a_filter_matching_nothing_list_cleanly(test_vhost_url: str) -> None:
+    """Issue #16: both crashed with a TypeError (dev mode's archive is empty at first)."""
+    with Connection(test_vhost_url) as connection:
+        apply.apply(connection, plan.plan("billing", parse_spec(SPEC)))
+    empty = cli("list", "billing", "--broker-url", test_vhost_url)
+    assert empty.stdout.split() == ["#", "EVENT", "TASK", "ID", "ATTEMPTS", "AGE", "EXCEPTION", "CONTENT"]
+    assert "no archived events of billing match" in empty.stderr
+    assert json.loads(cli("list", "billing", "--broker-url", test_vhost_url, "--json").stdout) == []
+
+
+def test_a_filter_matching_nothing(archive: dict[str, list[str]], test_vhost_url: str) -> None:
+    result = cli("list", "billing", "--broker-url", test_vhost_url, "--event", "no.such.event")
+    assert "Traceback" not in result.stderr
+    assert "no archived events of billing match" in result.stderr
+
+
+def test_a_missing_archive_queue_is_one_line_not_a_traceback(test_vhost_url: str) -> None:
+    result = cli("list", "ghost", "--broker-url", test_vhost_url, check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: there is no archive queue 'ghost:archived'")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly(archive: dict[str, list[str]], test_vhost_url: str) -> None:
+    """`archive list --json | head` ended in a BrokenPipeError traceback."""
+    piped = subprocess.run(
+        f"{sys.executable} -m celery_event_operator.cli archive list billing --broker-url '{test_vhost_url}' --json"
+        " | head -n 3",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert len(piped.stdout.splitlines()) == 3
+    assert "Traceback" not in piped.stderr
+    assert "BrokenPipe" not in piped.stderr

@@ -20,7 +20,7 @@ from celery_event_operator.broker.brokers import Brokers
 from celery_event_operator.broker.control import ControlConnection
 from celery_event_operator.broker.secret import BrokerSettings
 from celery_event_operator.broker.tls import TlsFiles, TlsMaterial
-from celery_event_operator.errors import BrokerUnavailableError
+from celery_event_operator.errors import BrokerUnavailableError, UnsupportedOperationError
 from celery_event_operator.topology import apply
 from celery_event_operator.topology.plan import Queue, Topology
 from tests.support import rabbitmq
@@ -157,3 +157,19 @@ def test_control_connection_verifies_the_host_name(tls_rabbit: PrivateRabbit) ->
         by_name.close()
     finally:
         tls.remove()
+
+
+def test_an_operation_the_broker_does_not_implement_is_unsupported_not_unreachable(test_vhost_url: str) -> None:
+    """Issue #13: `if-empty` on a quorum queue closed the connection (540) and read as "cannot reach the broker"."""
+    control = ControlConnection(broker_address.parse(test_vhost_url))
+
+    def delete_if_empty(connection: Connection) -> None:
+        channel = connection.channel()
+        channel.queue_declare("q", durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"})
+        channel.queue_delete("q", if_empty=True)
+
+    with pytest.raises(UnsupportedOperationError, match="NOT_IMPLEMENTED"):
+        control.run(delete_if_empty)
+    assert control.run(lambda connection: connection.channel().queue_declare("q", passive=True).queue) == "q", (
+        "no backoff: the next operation runs at once"
+    )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import subprocess
+import time
 import urllib.request
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
-from tests.support.kube import ApiError, EmulatedApi
+from tests.conftest import REPO, create_broker_secret
+from tests.support.kube import ApiError, EmulatedApi, eventually
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/shop/celeryeventservices"
 CMS = "/api/v1/namespaces/shop/configmaps"
@@ -125,7 +128,80 @@ def test_watch_streams_json_lines_since_a_version(kube_api: EmulatedApi) -> None
     with urllib.request.urlopen(url, timeout=5) as response:
         assert response.headers["Content-Type"] == "application/json"
         events = [json.loads(line) for line in response.read().splitlines() if line]
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("MODIFIED", "b")]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "b")]
+
+
+def watched_since(api: EmulatedApi, path: str, version: str, query: str = "") -> list[dict[str, Any]]:
+    url = f"{api.url}{path}?watch=true&timeoutSeconds=1&resourceVersion={version}{query}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return [json.loads(line) for line in response.read().splitlines() if line]
+
+
+def test_a_watch_from_a_listed_version_replays_a_deletion_in_between(kube_api: EmulatedApi) -> None:
+    """Issue #16: `kubectl delete` lists, then watches from the list's version; a deletion in that gap was never
+    sent, and kubectl waited forever."""
+    client = kube_api.client
+    client.create(CMS, {"metadata": {"name": "a"}, "data": {}})
+    listed = client.get(f"{CMS}?fieldSelector=metadata.name%3Da")["metadata"]["resourceVersion"]
+    client.delete(f"{CMS}/a")
+    events = watched_since(kube_api, CMS, listed, "&fieldSelector=metadata.name%3Da")
+    [(kind, deleted)] = [(e["type"], e["object"]) for e in events]
+    assert kind == "DELETED"
+    assert int(deleted["metadata"]["resourceVersion"]) > int(listed), "a deletion has a version of its own"
+
+
+def test_a_watch_older_than_the_history_is_told_410_gone(kube_api: EmulatedApi) -> None:
+    assert kube_api.emulator is not None
+    kube_api.emulator._history = collections.deque(maxlen=3)  # white-box: a short window
+    first = kube_api.client.create(CMS, {"metadata": {"name": "c0"}, "data": {}})["metadata"]["resourceVersion"]
+    for number in range(1, 6):
+        kube_api.client.create(CMS, {"metadata": {"name": f"c{number}"}, "data": {}})
+    [event] = watched_since(kube_api, CMS, first)
+    assert event["type"] == "ERROR"
+    assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
+
+
+def test_kubectl_delete_returns_at_once_twenty_times_in_a_row(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], operator: Any, test_vhost_url: str
+) -> None:
+    """With the real operator removing its finalizer in between; 2 of 2 tries never returned before."""
+    create_broker_secret(kube_api, test_vhost_url, namespace="shop")
+    for round_ in range(20):
+        kube_api.client.create(CES, service())
+        eventually(
+            lambda: (
+                "celeryevents.io/finalizer" in kube_api.client.get(f"{CES}/billing")["metadata"].get("finalizers", [])
+            ),
+            timeout=20,
+        )
+        started = time.monotonic()
+        kube_api.kubectl("delete", "ces", "billing", "-n", "shop", "--timeout=30s")
+        assert time.monotonic() - started < 10, (
+            f"round {round_}: kubectl delete took {time.monotonic() - started:.1f} s"
+        )
+
+
+def test_kubectl_describe_shows_only_the_objects_own_events(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any]
+) -> None:
+    for name in ("billing", "shipping"):
+        uid = kube_api.client.create(CES, service(name))["metadata"]["uid"]
+        kube_api.client.create(
+            "/api/v1/namespaces/shop/events",
+            {
+                "metadata": {"name": f"{name}.1"},
+                "involvedObject": {"kind": "CeleryEventService", "name": name, "namespace": "shop", "uid": uid},
+                "reason": f"About{name.capitalize()}",
+                "message": f"about {name}",
+                "type": "Normal",
+            },
+        )
+    described = kube_api.kubectl("describe", "ces", "billing", "-n", "shop").stdout
+    assert "AboutBilling" in described
+    assert "AboutShipping" not in described
+    table = kube_api.kubectl("get", "events", "-n", "shop").stdout.splitlines()
+    assert table[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], "kubectl get events"
+    assert table[1].split()[1:] == ["Normal", "AboutBilling", "celeryeventservice/billing", "about", "billing"]
 
 
 def test_kubectl_get_prints_the_printer_columns(kube_api: EmulatedApi, crd_installed: dict[str, Any]) -> None:
@@ -169,3 +245,24 @@ def test_scale_subresource_of_a_workload_and_of_the_crd(kube_api: EmulatedApi, c
     kube_api.client.create(CES, body)
     kube_api.kubectl("scale", "ces", "billing", "-n", "shop", "--replicas=4")
     assert kube_api.client.get(f"{CES}/billing")["spec"]["workers"]["replicas"] == 4
+
+
+def test_errors_are_shaped_as_a_real_api_server_shapes_them(kube_api: EmulatedApi) -> None:
+    """Issue #16: NotFound showed the emulator's internals; a protobuf body got "the body must be an object"."""
+    missing = kube_api.kubectl("get", "configmap", "nope", check=False)
+    assert missing.stderr.strip() == 'Error from server (NotFound): configmaps "nope" not found'
+    protobuf = kube_api.kubectl("create", "secret", "generic", "s1", "--from-literal=a=b", check=False)
+    assert protobuf.returncode == 1
+    assert "unknown format - accepted media types: application/json" in protobuf.stderr
+    applied = kube_api.kubectl(
+        "create", "secret", "generic", "s1", "--from-literal=a=b", "--dry-run=client", "-o", "yaml"
+    ).stdout
+    subprocess.run(
+        ["kubectl", "--kubeconfig", str(kube_api.kubeconfig), "apply", "--validate=false", "-f", "-"],
+        input=applied,
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    assert kube_api.client.get("/api/v1/namespaces/default/secrets/s1")["data"] == {"a": "Yg=="}

@@ -10,6 +10,7 @@ import base64
 import itertools
 import json
 import pathlib
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -19,9 +20,12 @@ import pytest
 from kombu.connection import Connection
 
 from celery_event_devcluster import jsonpatch
+from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
+from celery_event_operator.topology import plan
 from tests.conftest import billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
+from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review
 from tests.support.workers import Worker, as_kubelet_would
@@ -30,17 +34,28 @@ APPS = pathlib.Path(__file__).resolve().parent / "apps"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 EVENT_QUEUE = "billing.orders.order.created"
 MAX_RETRIES = 3
+DELIVERY_LIMIT = 3  # quorum: deliveries of a message whose worker process dies on it, before the archive
+
+
+@pytest.fixture(params=["classic", "quorum"])
+def queue_type(request: pytest.FixtureRequest) -> str:
+    """Every real-worker scenario runs for both queue types."""
+    found: str = request.param
+    return found
 
 
 @pytest.fixture
 def injected_env(
-    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path, queue_type: str
 ) -> Iterator[dict[str, str]]:
     """The env of a worker pod of `billing` after the webhook, as the kubelet would give it."""
     create_broker_secret(kube_api, test_vhost_url)
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
     service = billing_sample()
     service["spec"]["retry"] = {"maxRetries": MAX_RETRIES}
+    service["spec"]["queueType"] = queue_type
+    if queue_type == "quorum":
+        service["spec"]["deliveryLimit"] = DELIVERY_LIMIT
     service["spec"]["events"]["handlers"] = [{"name": "orders.order.created"}]
     kube_api.client.create(CES, service)
     eventually(
@@ -112,6 +127,37 @@ def test_worker_runs_on_injected_settings_alone(worker_factory: Any, injected_en
     assert "gossip" not in log.lower().replace("without_gossip", "")
 
 
+def test_a_worker_declares_nothing_beyond_the_plan(
+    worker_factory: Any,
+    injected_env: dict[str, str],
+    kube_api: EmulatedApi,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+    queue_type: str,
+) -> None:
+    """Issue #13: no PRECONDITION_FAILED, no native delayed delivery (`celery_delayed_*`), nothing else."""
+    worker = worker_factory("--pool=solo")
+    fire(worker, (1, "ok"))
+    eventually(lambda: len(handled(injected_env)) == 1, timeout=20)
+    body = kube_api.client.get(f"{CES}/billing")
+    topology = plan.plan("billing", CeleryEventServiceSpec.model_validate(body["spec"]))
+    held = rabbitmq.snapshot(rabbitmq_management, test_vhost)
+    # Celery's own control plane stays: the service's control exchange (kombu's `<control_exchange>.pidbox`)
+    # with each worker's auto-deleted pidbox queue, and the reply exchange of `celery inspect`.
+    celery_own = {name for name in held["queues"] if name.endswith(".pidbox")}
+    assert set(held["queues"]) - celery_own == {queue.name for queue in topology.queues}
+    control = {"billing:control.pidbox", "reply.celery.pidbox"}
+    assert set(held["exchanges"]) - control == {exchange.name for exchange in topology.exchanges}
+    for queue in topology.queues:
+        assert held["queues"][queue.name] == dict(queue.arguments), f"{queue.name} declared with other arguments"
+    handler_queue_types = {
+        held["queues"][q.name].get("x-queue-type", "classic") for q in topology.queues if q.role == "events"
+    }
+    assert handler_queue_types == {queue_type}
+    assert "PRECONDITION_FAILED" not in worker.log()
+    assert "NOT_IMPLEMENTED" not in worker.log()
+
+
 def test_failures_are_retried_on_the_broker_after_1_2_4_seconds(
     worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
 ) -> None:
@@ -155,15 +201,21 @@ def test_always_failing_event_is_archived_with_its_attempts_and_exception(
 
 
 def test_poison_message_is_archived_after_max_retries_passes(
-    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str, queue_type: str
 ) -> None:
+    """The worker process dies on the message each time: classic queues archive it after maxRetries passes
+    through retry level 0, quorum queues through the broker's delivery limit."""
     worker = worker_factory("--pool=prefork", "--concurrency=1")
     fire(worker, (13, "crash"))
     eventually(
         lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=60, message="the poison message kept looping"
     )
     [message] = archived(test_vhost_url)
-    assert message.headers[EXCEPTION_TYPE_HEADER] == "PoisonMessageError"
+    if queue_type == "quorum":
+        assert message.headers["x-first-death-reason"] == "delivery_limit"
+        assert message.headers["x-first-death-queue"] == EVENT_QUEUE
+    else:
+        assert message.headers[EXCEPTION_TYPE_HEADER] == "PoisonMessageError"
     assert worker.process is not None
     assert worker.process.poll() is None, "the worker itself survived its lost processes"
     fire(worker, (14, "ok"))
@@ -213,3 +265,99 @@ def test_thousand_events_with_failures_and_a_kill_lose_nothing(
     )
     # At least once: duplicates only of what the killed worker had taken and not acknowledged.
     assert handled_twice + archived_twice <= 16, "more duplicates than the killed worker had in flight"
+
+
+def publish_raw(worker: Worker, body: bytes, headers: dict[str, Any], content_type: str = "application/json") -> None:
+    """A message on the events exchange as a misbehaving producer sends it."""
+    worker.run(
+        "from kombu import Connection, Exchange, Producer\n"
+        "import os\n"
+        "with Connection(os.environ['CELERY_BROKER_URL']) as connection:\n"
+        "    Producer(connection.channel()).publish(\n"
+        f"        {body!r}, exchange=Exchange('events', type='topic', no_declare=True),\n"
+        f"        routing_key='orders.order.created', headers={headers!r},\n"
+        f"        content_type={content_type!r}, content_encoding='utf-8', declare=[])\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "exception_type"),
+    [
+        pytest.param("one argument too few", "TypeError", id="wrong-arguments"),
+        pytest.param("a body that does not decode", "DecodeError", id="undecodable"),
+        pytest.param("a task no handler is registered for", "NotRegistered", id="unknown-task"),
+    ],
+)
+def test_a_message_that_can_never_succeed_is_archived_at_once_with_its_reason(
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str, message: str, exception_type: str
+) -> None:
+    """Issue #13: such messages looped through the retry levels (243 times in 4 minutes) or were dropped."""
+    worker = worker_factory("--pool=solo")
+    task_headers = {"lang": "py", "id": "t-1", "root_id": "t-1", "retries": 0, "argsrepr": "()", "kwargsrepr": "{}"}
+    if message == "one argument too few":
+        worker.run(
+            "from orders_app import app\n"
+            "app.send_task('orders.order.created', args=(), routing_key='orders.order.created', "
+            "exchange='events', declare=[])"
+        )
+    elif message == "a body that does not decode":
+        publish_raw(worker, b'{"not json', task_headers | {"task": "orders.order.created"})
+    else:
+        publish_raw(
+            worker,
+            b'[[1], {}, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]',
+            task_headers | {"task": "orders.nobody.handles.this"},
+        )
+    eventually(lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=20, message="not archived")
+    [archived_message] = archived(test_vhost_url)
+    assert archived_message.headers[EXCEPTION_TYPE_HEADER] == exception_type
+    worker.run("import time; time.sleep(3)")  # a looping message would come back meanwhile (1 s level)
+    assert depth(test_vhost_url, "billing:archived") == 0, "archived once, then gone from every queue"
+    for queue in (EVENT_QUEUE, "billing:retry", "billing:retry.1", "billing:retry.2"):
+        assert depth(test_vhost_url, queue) == 0, f"{queue} still holds it"
+    assert handled(injected_env) == [], "the handler never ran"
+
+
+def phases(env: dict[str, str], order_id: int) -> list[str]:
+    return [h["phase"] for h in handled(env) if h["order_id"] == order_id and "phase" in h]
+
+
+def test_a_rollout_lets_a_running_task_finish_within_the_grace_period(
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+) -> None:
+    """Issue #13: SIGTERM (a rollout) while a 2 s task runs. A pod with terminationGracePeriodSeconds 10 gets a
+    5 s soft shutdown (see the unit test of the env); Celery then waits out the whole soft shutdown when a task
+    was running, and exits before the kubelet's SIGKILL."""
+    injected_env["CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"] = "5"
+    worker = worker_factory("--pool=prefork", "--concurrency=1")
+    fire(worker, (21, "long:2"))
+    eventually(lambda: phases(injected_env, 21) == ["started"], timeout=20)
+    started = time.monotonic()
+    assert worker.terminate() == 0
+    assert time.monotonic() - started < 10, "gone within the grace period, before a SIGKILL would come"
+    assert phases(injected_env, 21) == ["started", "done"], "the task finished before the worker went"
+    worker_factory("--pool=prefork", "--concurrency=1")
+    worker.run("import time; time.sleep(3)")
+    assert phases(injected_env, 21) == ["started", "done"], "a completed task never runs again"
+    assert depth(test_vhost_url, EVENT_QUEUE) == 0
+
+
+def test_a_task_longer_than_the_grace_period_is_handed_back_not_lost(
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+) -> None:
+    """A pod with terminationGracePeriodSeconds 6 gets a 1 s soft shutdown (see the unit test of the env)."""
+    injected_env["CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"] = "1"
+    worker = worker_factory("--pool=prefork", "--concurrency=1")
+    fire(worker, (22, "long:8"))
+    eventually(lambda: phases(injected_env, 22) == ["started"], timeout=20)
+    started = time.monotonic()
+    worker.terminate()
+    assert time.monotonic() - started < 6, "gone within the grace period, before a SIGKILL would come"
+    assert phases(injected_env, 22) == ["started"]
+    worker_factory("--pool=prefork", "--concurrency=1")
+    eventually(
+        lambda: phases(injected_env, 22) == ["started", "started", "done"],
+        timeout=30,
+        message="the task handed back never ran to its end",
+    )
+    assert archived(test_vhost_url) == []

@@ -153,13 +153,19 @@ def test_changed_archive_length_on_a_full_archive_is_reported_and_loses_nothing(
     assert depth(channel, "billing:archived") == 3
 
 
-def test_lowered_retries_remove_empty_levels_and_keep_a_draining_one(connection: Connection, channel: Any) -> None:
-    before = plan.plan("billing", spec(retry={"maxRetries": 3}))
+QUEUE_TYPES = [pytest.param({}, id="classic"), pytest.param({"queueType": "quorum"}, id="quorum")]
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+def test_lowered_retries_remove_empty_levels_and_keep_a_draining_one(
+    connection: Connection, channel: Any, queue_type: dict[str, str]
+) -> None:
+    before = plan.plan("billing", spec(retry={"maxRetries": 3}, **queue_type))
     apply.apply(connection, before)
     publish(channel, "billing:retry.2", EVENT)  # 4 s level, still holding a message
     eventually(lambda: depth(channel, "billing:retry.2") == 1)
 
-    after = plan.plan("billing", spec(retry={"maxRetries": 1}))
+    after = plan.plan("billing", spec(retry={"maxRetries": 1}, **queue_type))
     report = apply.apply(connection, after, Declared.of(before))
     assert report.removed == ["billing:retry.1"]
     assert [q.name for q in report.kept] == ["billing:retry.2"]
@@ -174,13 +180,16 @@ def test_lowered_retries_remove_empty_levels_and_keep_a_draining_one(connection:
         connection.channel().queue_declare("billing:retry.2", passive=True)
 
 
-def test_dropped_handler_is_unbound_at_once_and_removed_when_empty(connection: Connection, channel: Any) -> None:
-    both = plan.plan("billing", spec(events={"handlers": [{"name": "a"}, {"name": "b"}]}))
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+def test_dropped_handler_is_unbound_at_once_and_removed_when_empty(
+    connection: Connection, channel: Any, queue_type: dict[str, str]
+) -> None:
+    both = plan.plan("billing", spec(events={"handlers": [{"name": "a"}, {"name": "b"}]}, **queue_type))
     apply.apply(connection, both)
     publish(channel, "events", "b")
     eventually(lambda: depth(channel, "billing.b") == 1)
 
-    only_a = plan.plan("billing", spec(events={"handlers": [{"name": "a"}]}))
+    only_a = plan.plan("billing", spec(events={"handlers": [{"name": "a"}]}, **queue_type))
     report = apply.apply(connection, only_a, Declared.of(both))
     assert [q.name for q in report.kept] == ["billing.b"]
     publish(channel, "events", "b")
@@ -218,10 +227,15 @@ def test_owned_exchange_of_another_type_is_recreated(connection: Connection, cha
     assert report.recreated == ["billing:recover"]
 
 
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
 def test_delete_removes_empty_entities_keeps_full_ones_and_the_shared_exchange(
-    connection: Connection, channel: Any, rabbitmq_management: rabbitmq.Management, test_vhost: str
+    connection: Connection,
+    channel: Any,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+    queue_type: dict[str, str],
 ) -> None:
-    topology = plan.plan("billing", spec(retry={"maxRetries": 2}))
+    topology = plan.plan("billing", spec(retry={"maxRetries": 2}, **queue_type))
     apply.apply(connection, topology)
     publish(channel, "billing:archived", EVENT)
     eventually(lambda: depth(channel, "billing:archived") == 1)
@@ -230,3 +244,12 @@ def test_delete_removes_empty_entities_keeps_full_ones_and_the_shared_exchange(
     left = rabbitmq.snapshot(rabbitmq_management, test_vhost)
     assert set(left["queues"]) == {"billing:archived"}
     assert set(left["exchanges"]) == {"events", "billing:archived"}
+
+
+def test_an_obsolete_quorum_queue_with_a_consumer_is_kept(connection: Connection, channel: Any) -> None:
+    before = plan.plan("billing", spec(events={"handlers": [{"name": "a"}, {"name": "b"}]}, queueType="quorum"))
+    apply.apply(connection, before)
+    channel.basic_consume("billing.b", callback=lambda message: None)  # holds it: it may have unacked messages
+    only_a = plan.plan("billing", spec(events={"handlers": [{"name": "a"}]}, queueType="quorum"))
+    report = apply.apply(connection, only_a, Declared.of(before))
+    assert [(q.name, q.consumers) for q in report.kept] == [("billing.b", 1)]

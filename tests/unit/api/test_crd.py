@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -83,3 +85,28 @@ def test_status_schema_has_no_phase_and_conditions_by_type() -> None:
     status = crd.open_api_schema()["properties"]["status"]
     assert "phase" not in status["properties"]
     assert status["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_the_command_line_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #16: a one-line top-level help, no --version, options without help or defaults."""
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out.startswith("celery-event-operator 0.")
+    parser = cli.build_parser()
+    top = parser.format_help()
+    for command in ("run", "dev", "topology", "archive", "crd"):
+        assert f"    {command} " in top, f"{command} is listed with its line"
+
+    def options(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.Action, str]]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from options(sub, f"{path} {name}")
+            elif action.dest != "help":
+                yield path, action, parser.format_help()
+
+    for path, action, text in options(parser, "celery-event-operator"):
+        assert action.help, f"{path} {action.option_strings} has no help"
+        shown = action.default not in (None, False, [], argparse.SUPPRESS)
+        if action.option_strings and shown and "default" not in action.help:
+            assert f"(default: {action.default})" in " ".join(text.split()), f"{path} {action.option_strings}"

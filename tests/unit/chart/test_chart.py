@@ -52,6 +52,7 @@ VALUE_SETS = [
     pytest.param({"watchNamespaces": ["shop", "billing"]}, id="namespaced"),
     pytest.param({"crds": {"enabled": False}}, id="no-crds"),
     pytest.param({"sharding": {"shards": 3}}, id="sharded"),
+    pytest.param({"replicaCount": 2}, id="two-replicas"),
     pytest.param(
         {
             "verbose": True,
@@ -79,13 +80,18 @@ def test_rendered_manifests_are_valid(values: dict[str, Any], kubernetes_version
 
 
 def test_crd_equals_the_repository_crd_and_is_kept() -> None:
-    [chart_crd] = [d for d in render({}) if d["kind"] == "CustomResourceDefinition"]
+    crds = {d["metadata"]["name"]: d for d in render({}) if d["kind"] == "CustomResourceDefinition"}
+    assert set(crds) == {"celeryeventservices.celeryevents.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    chart_crd = crds["celeryeventservices.celeryevents.io"]
     annotations = chart_crd["metadata"].pop("annotations")
     assert annotations == {"helm.sh/resource-policy": "keep"}
     assert chart_crd == crd.custom_resource_definition()
+    for peering in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        repository = yaml.safe_load((REPO / "crds" / f"{peering}.yaml").read_text())
+        assert crds[peering]["spec"] == repository["spec"], "the chart's peering CRDs are the repository's"
     assert not [d for d in render({"crds": {"enabled": False}}) if d["kind"] == "CustomResourceDefinition"]
-    [unkept] = [d for d in render({"crds": {"keep": False}}) if d["kind"] == "CustomResourceDefinition"]
-    assert "annotations" not in unkept["metadata"]
+    unkept = [d for d in render({"crds": {"keep": False}}) if d["kind"] == "CustomResourceDefinition"]
+    assert all("annotations" not in d["metadata"] for d in unkept)
 
 
 def test_namespaced_install_binds_roles_per_namespace() -> None:
@@ -137,15 +143,49 @@ def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -
     return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in rules)
 
 
+# The peering object of replicas: a cluster-wide operator meets the others in a ClusterKopfPeering, a
+# namespaced one in a KopfPeering per namespace; a single replica uses neither.
+PEERING_OF_SCOPE = {"cluster-wide": "kopfpeerings", "namespaced": "clusterkopfpeerings"}
+
+
 @pytest.mark.parametrize(
-    "values", [pytest.param({}, id="cluster-wide"), pytest.param({"watchNamespaces": ["shop"]}, id="namespaced")]
+    ("scope", "values"),
+    [
+        pytest.param("cluster-wide", {"replicaCount": 2}, id="cluster-wide"),
+        pytest.param("namespaced", {"watchNamespaces": ["shop"], "replicaCount": 2}, id="namespaced"),
+    ],
 )
 @pytest.mark.parametrize(("group", "resource", "verb"), API_CALLS)
-def test_rbac_covers_every_api_call(values: dict[str, Any], group: str, resource: str, verb: str) -> None:
+def test_rbac_covers_every_api_call(scope: str, values: dict[str, Any], group: str, resource: str, verb: str) -> None:
+    if resource == PEERING_OF_SCOPE[scope]:
+        return  # the other scope's peering kind: this install never uses it
     roles = [d for d in render(values) if d["kind"] in ("ClusterRole", "Role")]
     assert roles
     for role in roles:
         assert _allows(role["rules"], group, resource, verb), f"{role['kind']} lacks {verb} {group}/{resource}"
+
+
+def test_replicas_meet_in_a_peering_behind_a_disruption_budget() -> None:
+    documents = render({"replicaCount": 2})
+    [deployment] = [d for d in documents if d["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--peering=ceo-celery-event-operator" in args
+    assert cli.build_parser().parse_args(args).peering == "ceo-celery-event-operator"
+    [budget] = [d for d in documents if d["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    single = render({})
+    assert not [d for d in single if d["kind"] == "PodDisruptionBudget"]
+    [role] = [d for d in single if d["kind"] == "ClusterRole"]
+    assert not [rule for rule in role["rules"] if "kopf.dev" in rule["apiGroups"]], "one replica needs no peering"
+    [alone] = [d for d in single if d["kind"] == "Deployment"]
+    assert alone["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [a for a in alone["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--peering")]
 
 
 def test_rbac_grants_nothing_broad() -> None:

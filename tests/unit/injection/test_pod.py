@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from celery_event_operator.injection import pod
 from celery_event_operator.injection.settings import HASH_ANNOTATION, MOUNT_PATH
 
@@ -33,6 +35,8 @@ def test_every_container_gets_env_and_mount() -> None:
             "CELERY_EVENTS_SETTINGS",
             "CELERY_WORKER_WITHOUT_MINGLE",
             "CELERY_WORKER_WITHOUT_GOSSIP",
+            "REMAP_SIGTERM",
+            "CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS",
             "PYTHONPATH",
         ]
         assert container["volumeMounts"] == [{"name": pod.VOLUME_NAME, "mountPath": MOUNT_PATH, "readOnly": True}]
@@ -40,6 +44,19 @@ def test_every_container_gets_env_and_mount() -> None:
         {"name": pod.VOLUME_NAME, "configMap": {"name": "billing-celery-events", "defaultMode": 0o444}}
     ]
     assert changes.annotations == {HASH_ANNOTATION: "abc123"}
+
+
+@pytest.mark.parametrize(
+    ("grace", "soft"), [(None, "25"), (30, "25"), (120, "115"), (6, "1"), (3, "1"), (1, "0"), (0, "0")]
+)
+def test_soft_shutdown_fits_the_pods_grace_period(grace: int | None, soft: str) -> None:
+    worker = a_pod({"name": "worker"})
+    if grace is not None:
+        worker["spec"]["terminationGracePeriodSeconds"] = grace
+    [container] = pod.changes(worker, INJECTION).containers
+    env = {variable["name"]: variable.get("value") for variable in container["env"]}
+    assert env["REMAP_SIGTERM"] == "SIGQUIT", "SIGTERM starts Celery's cold shutdown, with the soft one first"
+    assert env["CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"] == soft
 
 
 def test_user_entries_are_kept_first_and_win() -> None:

@@ -176,15 +176,21 @@ def test_obsolete_entities_after_lowering_retries_and_dropping_a_handler() -> No
     obsolete = Declared.of(before).obsolete(after)
     assert sorted(obsolete.exchanges) == ["s:retry.1", "s:retry.2"]
     assert sorted(obsolete.queues, key=lambda queue: queue.name) == [
-        DeclaredQueue("s.b", (("events", "b"), ("s:recover", "b")), "s:retry"),
-        DeclaredQueue("s:retry.1", (("s:retry.1", ""),), "s:recover"),
-        DeclaredQueue("s:retry.2", (("s:retry.2", ""),), "s:recover"),
+        DeclaredQueue("s.b", (("events", "b"), ("s:recover", "b")), "s:retry", "classic"),
+        DeclaredQueue("s:retry.1", (("s:retry.1", ""),), "s:recover", "classic"),
+        DeclaredQueue("s:retry.2", (("s:retry.2", ""),), "s:recover", "classic"),
     ]
 
 
 def test_declared_record_round_trips_and_reads_the_first_format() -> None:
     declared = Declared.of(plan.plan("s", spec(retry={"maxRetries": 2})))
     assert Declared.from_json(declared.to_json()) == declared
+    quorum = Declared.of(plan.plan("s", spec(queueType="quorum")))
+    assert {q.queue_type for q in Declared.from_json(quorum.to_json()).queues} == {"quorum", "classic"}, (
+        "the monitor queue stays classic"
+    )
+    untyped = Declared.from_json('{"exchanges": [], "queues": [{"name": "s.a", "bindings": []}]}')
+    assert [q.queue_type for q in untyped.queues] == [None], "records older than the type: unknown"
     legacy = Declared.from_json('["s.a", "s:retry"]')
     assert legacy.entities == {("queue", "s.a"), ("exchange", "s.a"), ("queue", "s:retry"), ("exchange", "s:retry")}
 

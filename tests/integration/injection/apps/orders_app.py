@@ -28,6 +28,11 @@ def on_order_created(self, order_id, behaviour="ok"):
         os._exit(1)  # a poison message: the worker process dies on it every time
     if behaviour == "slow":
         time.sleep(0.02)  # the handler's own work (not a wait): a worker killed mid-run has tasks in flight
+    if behaviour.startswith("long:"):  # a task that runs for seconds: a worker stopped meanwhile
+        record(order_id=order_id, phase="started", retries=self.request.retries, exchange=None)
+        time.sleep(float(behaviour[5:]))
+        record(order_id=order_id, phase="done", retries=self.request.retries, exchange=None)
+        return
     record(order_id=order_id, retries=self.request.retries, exchange=self.request.delivery_info.get("exchange"))
     if behaviour == "flaky" and self.request.retries < 3:
         raise ValueError(f"flaky, attempt {self.request.retries + 1}")

@@ -1,0 +1,73 @@
+"""What a broker restart keeps, measured on a private RabbitMQ node (the shared broker is never stopped).
+
+Events wait in a service's handler queue and in its retry levels when the node stops; after it starts again,
+every persistent event (Celery publishes persistent messages) is there, for both queue types: the queues are
+durable, and retry levels keep counting their TTL, dead-lettering back to the handler queue. Transient
+messages survive only in quorum queues (which persist everything). The README quotes these figures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import amqp
+import pytest
+from kombu.connection import Connection
+
+from celery_event_operator.topology import apply, plan
+from tests.integration.topology.test_apply import EVENT, spec
+from tests.support.kube import eventually
+from tests.support.private_broker import PrivateRabbit
+
+PERSISTENT, TRANSIENT = 2, 1
+
+
+def depth(url: str, queue: str) -> int:
+    with Connection(url) as connection:
+        count: int = connection.channel().queue_declare(queue, passive=True).message_count
+        return count
+
+
+def publish(url: str, exchange: str, routing_key: str, count: int, delivery_mode: int, tag: str) -> None:
+    with Connection(url) as connection:
+        channel = connection.channel()
+        channel.confirm_select()
+        for number in range(count):
+            message = amqp.Message(f"{tag}-{number}", delivery_mode=delivery_mode)
+            channel.basic_publish(message, exchange=exchange, routing_key=routing_key)
+
+
+def bodies(url: str, queue: str) -> list[str]:
+    found = []
+    with Connection(url) as connection:
+        channel = connection.channel()
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            found.append(message.body.decode() if isinstance(message.body, bytes) else message.body)
+    return found
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_events_in_handler_queues_and_retry_levels_survive_a_broker_restart(
+    private_rabbit: PrivateRabbit, queue_type: str, record_property: Any
+) -> None:
+    url = private_rabbit.url
+    topology = plan.plan("billing", spec(queueType=queue_type, retry={"maxRetries": 3}))
+    with Connection(url) as connection:
+        apply.apply(connection, topology)
+    handler_queue = f"billing.{EVENT}"
+    publish(url, "events", EVENT, 100, PERSISTENT, "waiting")
+    publish(url, "billing:retry.2", EVENT, 100, PERSISTENT, "retrying")  # back after 4 s
+    publish(url, "events", EVENT, 20, TRANSIENT, "transient")
+    eventually(lambda: depth(url, "billing:retry.2") == 100, timeout=10)
+
+    private_rabbit.stop()
+    private_rabbit.start()
+
+    eventually(lambda: depth(url, "billing:retry.2") == 0, timeout=30, message="the retry level never drained")
+    kept = bodies(url, handler_queue)
+    kinds = {kind: sum(1 for body in kept if body.startswith(kind)) for kind in ("waiting", "retrying", "transient")}
+    record_property("kept_after_restart", kinds)
+    print(f"{queue_type}: after a broker restart the handler queue holds {kinds}")
+    assert kinds["waiting"] == 100, "persistent events waiting in the handler queue"
+    assert kinds["retrying"] == 100, "persistent events waiting in a retry level came back"
+    assert kinds["transient"] == (20 if queue_type == "quorum" else 0)
