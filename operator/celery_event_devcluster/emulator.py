@@ -16,8 +16,8 @@ This subclass keeps kmock's storage, discovery, routing and error rendering, and
 object lifecycle (create/patch/replace/delete/list/watch) with one that does the above the way the
 real API server does. What it takes from kmock's internals is confined to kmock_internals.py (exact pin in pyproject).
 What it still does not emulate: admission (webhooks, schema validation, CEL), owner-reference
-garbage collection, strategic merge (treated as a JSON merge patch), and PodDisruptionBudgets (an
-eviction always deletes the pod).
+garbage collection, strategic merge (treated as a JSON merge patch), PodDisruptionBudgets (an
+eviction always deletes the pod), and protobuf beyond the Secrets and ConfigMaps kubectl creates (protobuf.py).
 """
 
 from __future__ import annotations
