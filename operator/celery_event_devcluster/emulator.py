@@ -16,8 +16,8 @@ This subclass keeps kmock's storage, discovery, routing and error rendering, and
 object lifecycle (create/patch/replace/delete/list/watch) with one that does the above the way the
 real API server does. What it takes from kmock's internals is confined to kmock_internals.py (exact pin in pyproject).
 What it still does not emulate: admission (webhooks, schema validation, CEL), owner-reference
-garbage collection, strategic merge (treated as a JSON merge patch), and PodDisruptionBudgets (an
-eviction always deletes the pod).
+garbage collection, strategic merge (treated as a JSON merge patch), PodDisruptionBudgets (an
+eviction always deletes the pod), and protobuf beyond the Secrets and ConfigMaps kubectl creates (protobuf.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import aiohttp.web
 import attrs
 import kmock
 
-from celery_event_devcluster import jsonpatch, kmock_internals, printing
+from celery_event_devcluster import jsonpatch, kmock_internals, printing, protobuf
 from celery_event_devcluster.kmock_internals import Bus
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -97,7 +97,9 @@ def _set_path(body: dict[str, Any], path: str, value: Any) -> None:
 
 
 def _encode_string_data(secret: dict[str, Any]) -> None:
-    """A Secret's write-only `stringData` is stored base64-encoded in `data`, as the API server does."""
+    """A Secret's write-only `stringData` is stored base64-encoded in `data`, and its type defaults to Opaque,
+    as the API server does."""
+    secret["type"] = secret.get("type") or "Opaque"
     string_data = secret.pop("stringData", None) or {}
     secret["data"] = {
         **(secret.get("data") or {}),
@@ -180,8 +182,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if raw_request.content_type == PROTOBUF:
-            # kubectl sends built-in types as protobuf; this API speaks JSON only and says so as a real server
-            # does for a type it cannot decode (415), and client-go sends the request again as JSON.
+            return await self._serve_protobuf(raw_request)
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            kmock_internals.forget_served_requests(self)
+
+    async def _serve_protobuf(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """kubectl sends built-in types as protobuf and does not fall back to JSON: a Secret or ConfigMap is
+        decoded and served as the same request in JSON (sent to this API itself); any other type is refused
+        with 415, as a real server refuses a type it cannot decode."""
+        try:
+            decoded = protobuf.decode(await raw_request.read())
+        except protobuf.UnknownProtobufError as exc:
             return aiohttp.web.json_response(
                 {
                     "apiVersion": "v1",
@@ -189,14 +202,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     "status": "Failure",
                     "reason": "UnsupportedMediaType",
                     "code": 415,
-                    "message": f"the body of the request was in an unknown format - accepted media types: {JSON}",
+                    "message": f"the body of the request was in an unknown format - accepted media types: {JSON} "
+                    f"({exc})",
                 },
                 status=415,
             )
-        try:
-            return await super().__call__(raw_request)
-        finally:
-            kmock_internals.forget_served_requests(self)
+        headers = {key: value for key, value in raw_request.headers.items() if key.lower() == "authorization"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(raw_request.method, raw_request.url, json=decoded, headers=headers) as response,
+        ):
+            return aiohttp.web.Response(
+                status=response.status, body=await response.read(), content_type=response.content_type
+            )
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Objects are served here; discovery and anything else by kmock's reactions."""

@@ -38,10 +38,14 @@ def service_pods(index: kopf.Index[Any, Any] | None, namespace: str | None) -> S
     return pods
 
 
-@kopf.on.event("v1", "pods", labels={SERVICE_LABEL: kopf.PRESENT})
+def _deleted(type: str, **_: Any) -> bool:
+    # Filtered before the handler is called, so the other events of every pod leave no "succeeded" log line.
+    return type == "DELETED"
+
+
+@kopf.on.event("v1", "pods", labels={SERVICE_LABEL: kopf.PRESENT}, when=_deleted)
 def forget_deleted_pod(
     *,
-    type: str,
     name: str | None,
     namespace: str | None,
     labels: kopf.Labels,
@@ -49,7 +53,7 @@ def forget_deleted_pod(
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    if type != "DELETED" or name is None:
+    if name is None:
         return
     metrics = memo.context.metrics.find(namespace or "", labels[SERVICE_LABEL])
     if metrics is not None:

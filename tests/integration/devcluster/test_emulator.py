@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
-import subprocess
 import time
 import urllib.request
 from typing import Any
@@ -248,21 +248,25 @@ def test_scale_subresource_of_a_workload_and_of_the_crd(kube_api: EmulatedApi, c
 
 
 def test_errors_are_shaped_as_a_real_api_server_shapes_them(kube_api: EmulatedApi) -> None:
-    """Issue #16: NotFound showed the emulator's internals; a protobuf body got "the body must be an object"."""
+    """Issue #16: NotFound showed the emulator's internals."""
     missing = kube_api.kubectl("get", "configmap", "nope", check=False)
     assert missing.stderr.strip() == 'Error from server (NotFound): configmaps "nope" not found'
-    protobuf = kube_api.kubectl("create", "secret", "generic", "s1", "--from-literal=a=b", check=False)
-    assert protobuf.returncode == 1
-    assert "unknown format - accepted media types: application/json" in protobuf.stderr
-    applied = kube_api.kubectl(
-        "create", "secret", "generic", "s1", "--from-literal=a=b", "--dry-run=client", "-o", "yaml"
-    ).stdout
-    subprocess.run(
-        ["kubectl", "--kubeconfig", str(kube_api.kubeconfig), "apply", "--validate=false", "-f", "-"],
-        input=applied,
-        text=True,
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    assert kube_api.client.get("/api/v1/namespaces/default/secrets/s1")["data"] == {"a": "Yg=="}
+
+
+def test_kubectl_creates_secrets_and_configmaps_it_sends_as_protobuf(kube_api: EmulatedApi) -> None:
+    """Issue #16: kubectl 1.32 sends built-in types as protobuf and does not fall back to JSON when refused,
+    so `kubectl create secret generic` failed in dev mode."""
+    kube_api.kubectl("create", "secret", "generic", "s1", "--from-literal=a=b", "--from-literal=url=amqp://x/é")
+    secret = kube_api.client.get("/api/v1/namespaces/default/secrets/s1")
+    assert secret["type"] == "Opaque"
+    assert {key: base64.b64decode(value).decode() for key, value in secret["data"].items()} == {
+        "a": "b",
+        "url": "amqp://x/é",
+    }
+    kube_api.kubectl("create", "configmap", "c1", "-n", "shop", "--from-literal=k=v")
+    assert kube_api.client.get(f"{CMS}/c1")["data"] == {"k": "v"}
+    assert "c1" in kube_api.kubectl("get", "configmap", "-n", "shop").stdout
+    # A type not decoded here is refused as a JSON-only server refuses it.
+    refused = kube_api.kubectl("create", "serviceaccount", "sa1", check=False)
+    assert refused.returncode == 1
+    assert "unknown format - accepted media types: application/json" in refused.stderr

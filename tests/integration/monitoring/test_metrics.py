@@ -23,6 +23,7 @@ from tests.integration.injection.test_webhook import worker_pod
 from tests.support import metric_names, rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review
+from tests.support.waiting import stays
 from tests.support.workers import Worker, as_kubelet_would
 from tests.unit.chart.test_chart import CHART, render
 
@@ -215,6 +216,29 @@ def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(
     publish_events(test_vhost_url, {"type": "worker-offline", "hostname": f"celery@{victim}", "timestamp": 2.0})
     eventually(lambda: value(scrape(operator), "celery_event_operator_events_consumed_total") >= 201, timeout=5)
     assert victim not in workers_in(scrape(operator)), "a late event does not bring the series back"
+
+
+def test_pod_events_leave_no_log_line_but_a_deletion(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
+    """Issue #16, quiet by default: every event of every worker pod (a status change, a label) logged
+    "Handler 'forget_deleted_pod' succeeded." at INFO; only a deletion has something to do."""
+    kube_api.client.create(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "chatty", "labels": {"celeryevents.io/service": "billing"}},
+            "spec": {"containers": [{"name": "worker", "image": "w"}]},
+        },
+    )
+    for number in range(5):
+        kube_api.client.merge_patch(f"{PODS}/chatty", {"metadata": {"labels": {"change": str(number)}}})
+    kube_api.client.delete(f"{PODS}/chatty")
+
+    def handled() -> int:
+        return operator.log().count("Handler 'forget_deleted_pod' succeeded.")
+
+    eventually(lambda: handled() >= 1, timeout=10, message="the deletion was not handled")
+    stays(lambda: handled() == 1, seconds=2, message="pod events other than the deletion were logged")
 
 
 def test_garbage_is_counted_and_metrics_stay_correct(
