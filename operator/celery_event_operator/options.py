@@ -44,7 +44,7 @@ class OperatorOptions:
     priority: int = 0
 
     def owns(self, namespace: str | None, name: str | None) -> bool:
-        """Whether this operator's shard keeps the resource (every replica still indexes all of them)."""
+        """Whether this operator's shard keeps the resource (every replica's webhook still serves all of them)."""
         return shard_of(namespace or "", name or "", self.shard_count) == self.shard_index
 
 

@@ -37,6 +37,7 @@ DECLARED_ANNOTATION = f"{GROUP}/declared-entities"
 # The immutable fields as the operator first accepted them: checked again by the operator itself, for API
 # servers that do not enforce the CRD's transition rules (and the emulated one).
 ACCEPTED_IMMUTABLE_ANNOTATION = f"{GROUP}/accepted-immutable-fields"
+_IMMUTABLE_PATHS = tuple(models.immutable_paths())  # read from the models once, not at every reconcile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,7 @@ def validate(body: Mapping[str, Any]) -> Validated:
 def immutable_values(body: Mapping[str, Any]) -> dict[str, Any]:
     """`{"broker.vhost": ..., "queueType": ...}`: the spec's immutable fields as written (None when absent)."""
     values: dict[str, Any] = {}
-    for path in models.immutable_paths():
+    for path in _IMMUTABLE_PATHS:
         value: Any = body.get("spec") or {}
         for part in path:
             value = value.get(part) if isinstance(value, Mapping) else None

@@ -41,6 +41,11 @@ HistogramKey = tuple[str, str, str]  # task, worker, queue
 TaskMemory = tuple[str, str, float | None]  # name, queue, when its wait for a worker began (None: not measured)
 
 
+# Events are UTF-8 JSON (Celery's): decoding the bytes ourselves skips json.loads' encoding detection,
+# a measurable share of the per-event cost.
+_decode_json = json.JSONDecoder().decode
+
+
 def worker_of(hostname: str) -> str:
     """`celery@billing-worker-5d8f-x2` → the pod name `billing-worker-5d8f-x2`."""
     return hostname.rpartition("@")[2] or hostname
@@ -156,7 +161,7 @@ class ServiceMetrics:
             self.count_malformed()
             return
         try:
-            decoded = json.loads(body)
+            decoded = _decode_json(body.decode() if isinstance(body, bytes) else body)
         except (ValueError, UnicodeDecodeError, RecursionError):
             self.count_malformed()
             return
@@ -193,7 +198,10 @@ class ServiceMetrics:
             return False
         if kind.startswith("task-"):
             uuid, name = event.get("uuid"), event.get("name")
-            if not (uuid is None or _is_label(uuid)) or not (name is None or _is_label(name)):
+            # _is_label for the optional uuid and name, inlined
+            if uuid is not None and not (type(uuid) is str and 0 < len(uuid) <= MAX_LABEL_CHARS):
+                return False
+            if name is not None and not (type(name) is str and 0 < len(name) <= MAX_LABEL_CHARS):
                 return False
             self.events_consumed += 1
             self._task_event(kind[5:], event, hostname, now)

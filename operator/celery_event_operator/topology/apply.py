@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from typing import Any
 
 import amqp
@@ -130,7 +131,7 @@ def _ensure_queue(channel: _Channel, queue: plan.Queue, report: Report) -> None:
         argument = _argument_named(exc)
     else:
         return
-    kept = _delete_if_empty(channel, queue.name, str(queue.arguments.get("x-queue-type", "classic")))
+    kept = _delete_if_empty(channel, queue.name, queue.queue_type)
     if kept is None:
         _declare_queue(channel, queue)
         report.recreated.append(queue.name)
@@ -176,7 +177,7 @@ def _declared_at_once(connection: Connection, topology: Topology) -> bool:
     per entity. False when the broker refused something: it closed the channel, and the careful path finds out
     what and repairs it.
     """
-    channel = connection.channel()
+    channel = _resync_channel(connection)
     try:
         for exchange in topology.exchanges:
             channel.exchange_declare(exchange.name, exchange.type, durable=True, auto_delete=False, nowait=True)
@@ -188,11 +189,21 @@ def _declared_at_once(connection: Connection, topology: Topology) -> bool:
             channel.queue_bind(binding.queue, binding.exchange, binding.routing_key, nowait=True)
         channel.basic_qos(0, 0, False)  # answered after everything above, or the channel is closed instead
     except amqp.exceptions.ChannelError:
-        return False
-    finally:
-        if channel.is_open:
-            channel.close()
+        return False  # py-amqp reopened the channel the broker closed: it stays usable
     return True
+
+
+# The at-once declare of every resync uses one channel per connection, kept open: opening and closing a channel
+# each time cost two more round trips per service and resync (channel.open alone was 7 % of the idle operator's
+# samples at 1,000 services). Keyed weakly: a dropped connection takes its channel along.
+_resync_channels: weakref.WeakKeyDictionary[Connection, Any] = weakref.WeakKeyDictionary()
+
+
+def _resync_channel(connection: Connection) -> Any:
+    channel = _resync_channels.get(connection)
+    if channel is None or not channel.is_open:
+        channel = _resync_channels[connection] = connection.channel()
+    return channel
 
 
 def apply(connection: Connection, topology: Topology, previous: Declared = declared.NOTHING) -> Report:

@@ -41,7 +41,7 @@ class Declared:
                 queue.name,
                 tuple(sorted(bindings.get(queue.name, ()))),
                 _text_or_none(queue.arguments.get("x-dead-letter-exchange")),
-                str(queue.arguments.get("x-queue-type", "classic")),
+                queue.queue_type,
             )
             for queue in topology.queues
         )

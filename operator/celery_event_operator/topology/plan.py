@@ -69,6 +69,11 @@ class Queue:
     role: QueueRole
     arguments: Mapping[str, ArgumentValue]
 
+    @property
+    def queue_type(self) -> str:
+        """The queue type: classic (RabbitMQ's default) or quorum."""
+        return str(self.arguments.get("x-queue-type", "classic"))
+
 
 @dataclasses.dataclass(frozen=True)
 class Binding:
