@@ -29,7 +29,7 @@ import yaml
 from celery_event_operator import certs
 from tests.conftest import REPO
 from tests.support.kube import EmulatedApi
-from tests.support.operator_process import admission_review
+from tests.support.operator_process import accepts, admission_review
 from tests.support.waiting import eventually, stays
 from tests.unit.chart.test_chart import VALUE_SETS
 
@@ -116,6 +116,13 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _passes(probe: dict[str, Any], ports: dict[str, int]) -> bool:
+    """A kubelet's httpGet or tcpSocket probe against the local process."""
+    if "httpGet" in probe:
+        return _answers(f"http://127.0.0.1:{ports[probe['httpGet']['port']]}{probe['httpGet']['path']}")
+    return accepts(ports[probe["tcpSocket"]["port"]])
+
+
 @pytest.mark.parametrize("values", VALUE_SETS)
 def test_every_rendered_operator_starts_and_serves_its_probes_and_webhook(
     values: dict[str, Any], kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path
@@ -144,12 +151,9 @@ def _probe(
 ) -> None:
     """What the kubelet and the API server ask of the pod: liveness, /metrics, and the webhook where enabled."""
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    probe = container["livenessProbe"]["httpGet"]
-    eventually(
-        lambda: _answers(f"http://127.0.0.1:{ports[probe['port']]}{probe['path']}"),
-        timeout=30,
-        message="no liveness answer",
-    )
+    eventually(lambda: _passes(container["livenessProbe"], ports), timeout=30, message="no liveness answer")
+    # The Service sends admission requests only to a Ready pod: the webhook must answer once readiness passes.
+    eventually(lambda: _passes(container["readinessProbe"], ports), timeout=30, message="never Ready")
     stays(lambda: process.poll() is None, seconds=2, message="the operator exited")
     assert _answers(f"http://127.0.0.1:{ports['metrics']}/metrics")
     configurations = of_kind(documents, "MutatingWebhookConfiguration")

@@ -34,6 +34,15 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {_LISTEN_PORTS}")
 
 
+def accepts(port: int) -> bool:
+    """Whether something listens on the local `port` (a kubelet's tcpSocket probe)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 class OperatorProcess:
     def __init__(
         self,
@@ -61,6 +70,7 @@ class OperatorProcess:
         ]
         if not webhook:
             webhook_args = ["--webhook-port", "0"]  # what the chart passes with webhook.enabled=false
+        self.webhook = webhook
         self.extra_args = (
             *extra_args,
             "--resync-seconds",
@@ -97,12 +107,14 @@ class OperatorProcess:
                 raise RuntimeError(f"the operator exited with {self.process.returncode}:\n{self.log()}")
             try:
                 with urllib.request.urlopen(self.liveness_url, timeout=1):
-                    return True
+                    pass
             except OSError:
                 return False
+            # As the chart's readiness probe: kopf opens the webhook seconds after the liveness endpoint.
+            return not self.webhook or accepts(self.webhook_port)
 
         waiting.eventually(
-            serving, timeout=30, interval=0.2, message=f"the operator's liveness endpoint never answered:\n{self.log()}"
+            serving, timeout=30, interval=0.2, message=f"the operator never served (liveness, webhook):\n{self.log()}"
         )
         return self
 

@@ -26,6 +26,7 @@ LABELS = {injection_settings.SERVICE_LABEL: "billing"}
 def service(**workers: Any) -> dict[str, Any]:
     body = billing_sample()
     body["spec"]["workers"] |= {"healAfterSeconds": 5, **workers}
+    body["spec"]["statusIntervalSeconds"] = 2  # healing acts in the status pass: several passes after the grace
     return body
 
 
@@ -108,7 +109,7 @@ def test_healing_switched_off_leaves_unconfigured_pods_alone(
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
     try:
         eventually(lambda: condition(kube_api, "WorkersConfigured").get("reason") is not None, timeout=20)
-        stays(lambda: "billing-worker-x" in pod_names(kube_api), seconds=12, message="the pod was evicted")
+        stays(lambda: "billing-worker-x" in pod_names(kube_api), seconds=10, message="the pod was evicted")
         assert "evicted" not in condition(kube_api, "WorkersConfigured").get("message", "")
     finally:
         operator.stop()

@@ -120,6 +120,20 @@ def test_operator_pod_is_hardened() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
+@pytest.mark.parametrize("webhook", [True, False])
+def test_the_operator_pod_is_ready_only_once_its_webhook_listens(webhook: bool) -> None:
+    """Ready puts the pod behind the webhook Service; kopf opens the webhook seconds after /healthz answers, and
+    a pod created in that gap is admitted unconfigured (failurePolicy Ignore)."""
+    [deployment] = [d for d in render({"webhook": {"enabled": webhook}}) if d["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    readiness = container["readinessProbe"]
+    if webhook:
+        assert readiness["tcpSocket"] == {"port": "webhook"}
+        assert "webhook" in {port["name"] for port in container["ports"]}
+    else:
+        assert readiness["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
 @pytest.mark.parametrize(
     "values",
     [
