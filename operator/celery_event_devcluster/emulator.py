@@ -50,6 +50,19 @@ class UnprocessableEntityError(kmock.KubernetesError):
     pass
 
 
+def _status_response(exc: kmock.KubernetesError) -> aiohttp.web.Response:
+    """The error as an API server writes it. kmock's own not-found errors tell how to declare things in kmock,
+    and kmock adds a traceback to every error: a user of dev mode sees what a real cluster would say."""
+    if isinstance(exc, kmock.KubernetesNotFoundError):
+        code, reason, message = 404, "NotFound", "the server could not find the requested resource"
+    else:
+        code, reason, message = exc.status, exc.reason or "InternalError", exc.message or ""
+    status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure"}
+    return aiohttp.web.json_response(
+        status | {"message": message, "reason": reason, "details": exc.details or {}, "code": code}, status=code
+    )
+
+
 def _resource_of(request: kmock.Request) -> kmock.resource:
     if request.resource is None:
         raise kmock.KubernetesEndpointNotFoundError()
@@ -217,6 +230,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        try:
+            return await self._serve(request)
+        except kmock.KubernetesError as exc:
+            return _status_response(exc)
+
+    async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Objects are served here; discovery and anything else by kmock's reactions."""
         if request.resource is None or request.resource.plural is None:
             return await kmock_internals.serve_by_kmock(self, request)

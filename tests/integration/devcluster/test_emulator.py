@@ -251,6 +251,15 @@ def test_errors_are_shaped_as_a_real_api_server_shapes_them(kube_api: EmulatedAp
     """Issue #16: NotFound showed the emulator's internals."""
     missing = kube_api.kubectl("get", "configmap", "nope", check=False)
     assert missing.stderr.strip() == 'Error from server (NotFound): configmaps "nope" not found'
+    # A path no resource serves: kmock's answer told how to declare it in kmock, with a traceback.
+    unknown = kube_api.kubectl("get", "--raw", "/readyz", check=False)
+    assert unknown.stderr.strip() == "Error from server (NotFound): the server could not find the requested resource"
+    with pytest.raises(ApiError) as raised:
+        kube_api.client.get("/apis/nothing.example/v1/things")
+    assert raised.value.status == 404
+    shown = json.dumps(raised.value.body)
+    assert "kmock" not in shown
+    assert "Traceback" not in shown
 
 
 def test_kubectl_creates_secrets_and_configmaps_it_sends_as_protobuf(kube_api: EmulatedApi) -> None:
