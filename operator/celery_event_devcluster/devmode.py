@@ -22,7 +22,9 @@ from celery_event_devcluster import sample_worker
 from celery_event_devcluster.manifests import create_all, load_documents
 from celery_event_devcluster.server import serve, write_kubeconfig
 from celery_event_operator.api import crd
+from celery_event_operator.broker import address as broker_address
 from celery_event_operator.cli import DEFAULT_EXAMPLES
+from celery_event_operator.errors import BrokerSecretError
 from celery_event_operator.handlers import admission  # importing the handlers registers them
 from celery_event_operator.options import OperatorOptions
 
@@ -55,17 +57,18 @@ DEV_VHOST = "celery-event-operator-dev"
 PERMISSIONS = {"configure": ".*", "write": ".*", "read": ".*"}
 
 
-def _management(amqp_url: str) -> tuple[str, str]:
-    """The management API of the broker at `amqp_url` (port 15672), and its Basic authorization."""
-    parts = urllib.parse.urlsplit(amqp_url)
-    credentials = f"{urllib.parse.unquote(parts.username or 'guest')}:{urllib.parse.unquote(parts.password or 'guest')}"
-    return f"http://{parts.hostname or '127.0.0.1'}:15672/api", "Basic " + base64.b64encode(
-        credentials.encode()
-    ).decode()
+def _management(amqp_url: str) -> tuple[str, str, str]:
+    """The management API of the broker at `amqp_url` (as the operator derives it), its Basic authorization,
+    and the user."""
+    address = broker_address.parse(amqp_url)
+    first = address.endpoints[0]
+    user, password = first.user or "guest", first.password or "guest"
+    authorization = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    return f"{address.management_url()}/api", authorization, user
 
 
 def _call(amqp_url: str, method: str, path: str, body: dict[str, Any] | None = None) -> None:
-    api, authorization = _management(amqp_url)
+    api, authorization, _ = _management(amqp_url)
     request = urllib.request.Request(
         f"{api}{path}",
         data=None if body is None else json.dumps(body).encode(),
@@ -81,22 +84,23 @@ def dev_broker_url(base_url: str) -> str:
     the samples never touch the broker's other vhosts or their shared exchanges."""
     vhost = urllib.parse.quote(DEV_VHOST, safe="")
     _call(base_url, "PUT", f"/vhosts/{vhost}", {})
-    user = urllib.parse.unquote(urllib.parse.urlsplit(base_url).username or "guest")
+    user = _management(base_url)[2]
     _call(base_url, "PUT", f"/permissions/{vhost}/{urllib.parse.quote(user, safe='')}", PERMISSIONS)
-    return urllib.parse.urlunsplit(urllib.parse.urlsplit(base_url)._replace(path=f"/{vhost}"))
+    return broker_address.with_vhost(base_url, DEV_VHOST)
 
 
 def run_command(args: argparse.Namespace, options: OperatorOptions) -> int:
     """`celery-event-operator dev` (the CLI's entry point `celery_event_operator.commands:dev`)."""
     base_url = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-    if args.down:
-        _call(base_url, "DELETE", f"/vhosts/{urllib.parse.quote(DEV_VHOST, safe='')}")
-        print(f"removed the vhost {DEV_VHOST} and everything in it", flush=True)
-        return 0
     try:
+        if args.down:
+            _call(base_url, "DELETE", f"/vhosts/{urllib.parse.quote(DEV_VHOST, safe='')}")
+            print(f"removed the vhost {DEV_VHOST} and everything in it", flush=True)
+            return 0
         broker_url = args.broker_url or dev_broker_url(base_url)
-    except OSError as exc:
-        print(f"error: cannot make the vhost {DEV_VHOST} through the management API: {exc}", flush=True)
+    except (OSError, BrokerSecretError) as exc:
+        action = "remove" if args.down else "make"
+        print(f"error: cannot {action} the vhost {DEV_VHOST} through the management API: {exc}", flush=True)
         return 1
     return asyncio.run(
         main(

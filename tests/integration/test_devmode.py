@@ -19,7 +19,7 @@ from kombu.connection import Connection
 from celery_event_devcluster import devmode
 from celery_event_operator.options import OperatorOptions
 from tests.conftest import REPO
-from tests.support import rabbitmq
+from tests.support import rabbitmq, waiting
 from tests.support.kube import eventually
 from tests.support.operator_process import free_port
 
@@ -63,6 +63,7 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "KUBECONFIG": "/nonexistent"},
+        start_new_session=True,
     )
     kubeconfig = state / "kubeconfig"
     try:
@@ -139,20 +140,39 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             timeout=30,
             message="the sample worker kept its old settings",
         )
+        # The new pod's settings file is written after the restart is logged (and may be caught half-written).
+        waiting.eventually(
+            lambda: (
+                len(json.loads((state / "settings" / "settings.json").read_text())["celery_events"]["retry_exchanges"])
+                == 3
+            ),
+            timeout=60,
+            message="the worker does not run the new settings",
+            retrying=(AssertionError, ValueError, OSError),
+        )
         eventually(lambda: condition("WorkersConfigured").get("status") == "True", timeout=60, message="rolled")
-        settings_json = json.loads((state / "settings" / "settings.json").read_text())
-        assert len(settings_json["celery_events"]["retry_exchanges"]) == 3, "the worker runs the new settings"
 
         applied = kubectl(kubeconfig, "apply", "--validate=false", "-f", str(REPO / "examples/shipping-quorum.yaml"))
         assert applied.returncode == 0, applied.stderr
         eventually(lambda: "shipping" in kubectl(kubeconfig, "get", "ces").stdout, timeout=30)
     finally:
-        process.send_signal(signal.SIGINT)
-        exit_code = process.wait(20)
+        exit_code = stop_dev_mode(process)
         log.close()
     output = (tmp_path / "dev.log").read_text()
     assert "export KUBECONFIG=" in output
     assert exit_code == 0, output[-5000:]
+
+
+def stop_dev_mode(process: subprocess.Popen[bytes]) -> int:
+    """Ctrl-C; a dev mode still running 20 s later fails the test, and is killed with its sample worker (its
+    own session) so that the next test finds the fixed ports free."""
+    process.send_signal(signal.SIGINT)
+    try:
+        return process.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise AssertionError("the dev mode did not stop within 20 s of Ctrl-C") from None
 
 
 def readme_block() -> str:
@@ -176,6 +196,7 @@ def test_the_readme_commands_work_as_written_against_the_dev_mode(tmp_path: path
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "KUBECONFIG": "/nonexistent"},
+        start_new_session=True,
     )
     kubeconfig = tmp_path / ".dev" / "kubeconfig"
     try:
@@ -205,8 +226,7 @@ def test_the_readme_commands_work_as_written_against_the_dev_mode(tmp_path: path
         assert "Traceback" not in result.stdout + result.stderr
         assert 'celeryeventservice.celeryevents.io "billing" deleted' in result.stdout
     finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(20)
+        stop_dev_mode(process)
         log.close()
 
 
