@@ -91,7 +91,17 @@ def test_invalid_spec_is_reported_without_a_retry_loop(kube_api: EmulatedApi, op
     assert events[0]["type"] == "Warning"
     assert events[0]["involvedObject"]["name"] == "billing"
 
-    version = kube_api.client.get(CES.format(ns="default") + "/billing")["metadata"]["resourceVersion"]
+    # kopf posts the Event while the handler runs and records the handled spec after it: the object settles then.
+    handled = eventually(
+        lambda: (
+            (found := kube_api.client.get(CES.format(ns="default") + "/billing"))["metadata"]
+            .get("annotations", {})
+            .get("celeryevents.io/last-handled-configuration")
+            and found
+        ),
+        message="kopf never recorded the handled spec",
+    )
+    version = handled["metadata"]["resourceVersion"]
     stays(
         lambda: kube_api.client.get(CES.format(ns="default") + "/billing")["metadata"]["resourceVersion"] == version,
         seconds=3,

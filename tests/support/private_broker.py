@@ -13,11 +13,10 @@ import os
 import pathlib
 import secrets
 import shutil
-import socket
 import subprocess
 
 from tests.support import waiting
-from tests.support.operator_process import free_port
+from tests.support.operator_process import accepts, free_port
 
 
 class PrivateRabbit:
@@ -76,11 +75,9 @@ class PrivateRabbit:
             shutil.chown(path, "rabbitmq", "rabbitmq")
 
     def _accepts(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-        except OSError:
-            return False
-        return True
+        """Whether every listener accepts: the TLS one opens after the plain one (ssl started, certificates read)."""
+        ports = (self.port,) if self.tls is None else (self.port, self.tls_port)
+        return all(accepts(port) for port in ports)
 
     def start(self, timeout: float = 90) -> PrivateRabbit:
         if shutil.which("rabbitmq-server") is None:
@@ -96,13 +93,32 @@ class PrivateRabbit:
         return self
 
     def stop(self, timeout: float = 60) -> None:
+        vm = self._vm_pid()
         subprocess.run(
             ["rabbitmqctl", "-n", self.name, "stop"], env=self._env(), check=False, timeout=timeout, capture_output=True
         )
-        # Best effort, as before: a node that lingers past the deadline is left to its own stop.
+        # rabbitmqctl returns, and the listener closes, before the VM has exited: a start of the same node name or
+        # a wipe right after would race the exiting VM. Best effort: a VM that lingers past the deadline is left.
         with contextlib.suppress(AssertionError):
-            waiting.eventually(lambda: not self._accepts(), timeout=timeout, interval=0.2)
+            waiting.eventually(
+                lambda: not self._accepts() and (vm is None or not _alive(vm)), timeout=timeout, interval=0.2
+            )
+
+    def _vm_pid(self) -> int | None:
+        try:
+            return int((self.base / "node.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     def wipe(self) -> None:
         """Forget every queue and exchange, as a replaced broker would (only while stopped)."""
         shutil.rmtree(self.base / "mnesia")
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie left for an init that does not reap counts as gone)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

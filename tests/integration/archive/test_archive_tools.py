@@ -162,7 +162,7 @@ def test_replay_killed_half_way_loses_nothing(archive: dict[str, list[str]], tes
             "--event",
             CREATED,
             "--rate",
-            "150",
+            "50",  # 60 → 300 replayed takes ~5 s: the kill lands in the middle even on a busy machine
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

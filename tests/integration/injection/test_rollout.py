@@ -111,8 +111,15 @@ def test_workers_configured_counts_pods_with_current_settings(kube_api: Emulated
 
     kube_api.client.create("/api/v1/namespaces/default/pods", pod("old", "0000000000000000"))
     kube_api.client.create("/api/v1/namespaces/default/pods", pod("new", current))
-    pending = eventually(lambda: workers(kube_api).get("reason") == "RolloutPending" and workers(kube_api), timeout=10)
-    assert pending["message"].startswith("1/2 pods")
+    # A status pass between the two creations sees "0/1 pods": wait for the one that sees both.
+    eventually(
+        lambda: (
+            workers(kube_api).get("reason") == "RolloutPending"
+            and workers(kube_api).get("message", "").startswith("1/2 pods")
+        ),
+        timeout=10,
+        message="the rollout of 1 of 2 pods was not reported",
+    )
     kube_api.client.delete("/api/v1/namespaces/default/pods/old")
     done = eventually(lambda: workers(kube_api).get("status") == "True" and workers(kube_api), timeout=10)
     assert done["message"].startswith("1/1 pods")

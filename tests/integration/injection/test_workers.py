@@ -28,6 +28,7 @@ from tests.integration.injection.test_webhook import worker_pod
 from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review
+from tests.support.waiting import stays
 from tests.support.workers import Worker, as_kubelet_would
 
 APPS = pathlib.Path(__file__).resolve().parent / "apps"
@@ -181,7 +182,8 @@ def test_failures_are_retried_on_the_broker_after_1_2_4_seconds(
     assert [a["exchange"] for a in attempts] == ["events", "billing:recover", "billing:recover", "billing:recover"]
     gaps = [later["at"] - earlier["at"] for earlier, later in itertools.pairwise(attempts)]
     for gap, expected in zip(gaps, (1, 2, 4), strict=True):
-        assert abs(gap - expected) <= 0.5, f"redelivered after {gaps}, expected 1, 2, 4 s"
+        # Never early; late by the way back through the broker and the worker (more on a busy machine).
+        assert expected - 0.2 <= gap <= expected + 1.0, f"redelivered after {gaps}, expected 1, 2, 4 s"
     assert archived(test_vhost_url) == []
 
 
@@ -311,10 +313,16 @@ def test_a_message_that_can_never_succeed_is_archived_at_once_with_its_reason(
     eventually(lambda: depth(test_vhost_url, "billing:archived") == 1, timeout=20, message="not archived")
     [archived_message] = archived(test_vhost_url)
     assert archived_message.headers[EXCEPTION_TYPE_HEADER] == exception_type
-    worker.run("import time; time.sleep(3)")  # a looping message would come back meanwhile (1 s level)
-    assert depth(test_vhost_url, "billing:archived") == 0, "archived once, then gone from every queue"
-    for queue in (EVENT_QUEUE, "billing:retry", "billing:retry.1", "billing:retry.2"):
-        assert depth(test_vhost_url, queue) == 0, f"{queue} still holds it"
+    # A looping message would come back within 3 s (the 1 s retry level): archived once, then gone from every queue.
+    stays(
+        lambda: all(
+            depth(test_vhost_url, queue) == 0
+            for queue in ("billing:archived", EVENT_QUEUE, "billing:retry", "billing:retry.1", "billing:retry.2")
+        ),
+        seconds=3,
+        interval=0.5,
+        message="the message came back to a queue",
+    )
     assert handled(injected_env) == [], "the handler never ran"
 
 
@@ -325,20 +333,20 @@ def phases(env: dict[str, str], order_id: int) -> list[str]:
 def test_a_rollout_lets_a_running_task_finish_within_the_grace_period(
     worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
 ) -> None:
-    """Issue #13: SIGTERM (a rollout) while a 2 s task runs. A pod with terminationGracePeriodSeconds 10 gets a
+    """Issue #13: SIGTERM (a rollout) while a 4 s task runs. A pod with terminationGracePeriodSeconds 10 gets a
     5 s soft shutdown (see the unit test of the env); Celery then waits out the whole soft shutdown when a task
     was running, and exits before the kubelet's SIGKILL."""
     injected_env["CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"] = "5"
     worker = worker_factory("--pool=prefork", "--concurrency=1")
-    fire(worker, (21, "long:2"))
-    eventually(lambda: phases(injected_env, 21) == ["started"], timeout=20)
+    fire(worker, (21, "long:4"))
+    eventually(lambda: phases(injected_env, 21)[:1] == ["started"], timeout=20)
     started = time.monotonic()
+    assert phases(injected_env, 21) == ["started"], "the task ended before the SIGTERM: nothing was tested"
     assert worker.terminate() == 0
     assert time.monotonic() - started < 10, "gone within the grace period, before a SIGKILL would come"
     assert phases(injected_env, 21) == ["started", "done"], "the task finished before the worker went"
     worker_factory("--pool=prefork", "--concurrency=1")
-    worker.run("import time; time.sleep(3)")
-    assert phases(injected_env, 21) == ["started", "done"], "a completed task never runs again"
+    stays(lambda: phases(injected_env, 21) == ["started", "done"], seconds=3, message="a completed task ran again")
     assert depth(test_vhost_url, EVENT_QUEUE) == 0
 
 

@@ -248,14 +248,14 @@ def test_consumer_comes_back_when_the_broker_drops_its_connection(
     def ours() -> list[str]:
         return [str(c["name"]) for c in listed_connections(rabbitmq_management, test_vhost)]
 
-    [first] = eventually(ours, timeout=10)
+    [first] = eventually(ours, timeout=30)  # the management API lists connections a statistics interval late
     # A consumer without acks sends nothing: heartbeats are what tell the broker it lives.
     assert [c["timeout"] for c in listed_connections(rabbitmq_management, test_vhost)] == [
         events_connection.HEARTBEAT_SECONDS
     ]
     rabbitmq_management.request("DELETE", f"/connections/{urllib.parse.quote(first, safe='')}")
     eventually(lambda: "closed the connection" in running.log(), timeout=5)
-    eventually(lambda: ours() not in ([], [first]), timeout=10, message="no new connection")
+    eventually(lambda: ours() not in ([], [first]), timeout=30, message="no new connection")
     eventually(lambda: consumers(test_vhost_url) == 1, timeout=10)
     publish(test_vhost_url, received_event(2))
     eventually(lambda: running.received() == 1, timeout=5)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pathlib
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from tests.support.waiting import stays
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENT = "/apis/apps/v1/namespaces/default/deployments/billing-worker"
 QUEUE = "billing.orders.order.created"
-WINDOW = 4
+WINDOW = 6
 
 
 def service(**autoscaling: Any) -> dict[str, Any]:
@@ -99,13 +98,17 @@ def test_backlog_scales_up_holds_through_the_window_then_down(
     eventually(lambda: replicas(kube_api) == 1, timeout=10, message="an idle service did not go to minReplicas")
 
     publish(test_vhost_url, 500)
-    published = time.monotonic()
+    # Within about one interval of the broker's statistics showing the backlog (and margin for a busy machine).
     eventually(
-        lambda: replicas(kube_api) == 5, timeout=5 + STATS_LAG_SECONDS, message="500 messages did not make 5 workers"
+        lambda: replicas(kube_api) == 5,
+        timeout=2 + STATS_LAG_SECONDS + 5,
+        message="500 messages did not make 5 workers",
     )
-    # Within about one interval of the broker's statistics showing the backlog (and a second for a busy machine).
-    assert time.monotonic() - published < 2 + STATS_LAG_SECONDS + 2, "not within about one interval"
-    status = kube_api.client.get(CES + "/billing")["status"]
+    # The workload is scaled before the status is written: wait for that write too.
+    status = eventually(
+        lambda: (found := kube_api.client.get(CES + "/billing")["status"]).get("desiredReplicas") == 5 and found,
+        timeout=5,
+    )
     assert (status["queueLength"], status["desiredReplicas"]) == (500, 5)
     assert status["selector"] == "celeryevents.io/service=billing"
     assert status["lastScaleTime"]
@@ -115,10 +118,11 @@ def test_backlog_scales_up_holds_through_the_window_then_down(
     eventually(
         lambda: kube_api.client.get(CES + "/billing")["status"]["queueLength"] == 0, timeout=5 + STATS_LAG_SECONDS
     )
-    drained = time.monotonic()  # the operator saw it drained at most one interval (1 s) before this
+    # The last recommendation of 5 is at most an interval (1 s) older than this, plus the pass's own time:
+    # scaling down is legitimate from about WINDOW - 2 s on; held for WINDOW - 3 s (a second's margin).
     stays(
         lambda: replicas(kube_api) == 5,
-        seconds=WINDOW - 1.5 - (time.monotonic() - drained),
+        seconds=WINDOW - 3,
         message="scaled down inside the stabilization window",
     )
     eventually(lambda: replicas(kube_api) == 1, timeout=WINDOW + 4, message="never scaled down after the window")
@@ -160,7 +164,7 @@ def test_replicas_from_the_scale_subresource_without_autoscaling(
     eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("selector"), timeout=20)
     assert replicas(kube_api) == 2, "without spec.workers.replicas the workload is left alone"
     kube_api.kubectl("scale", "ces", "billing", "--replicas=3")
-    eventually(lambda: replicas(kube_api) == 3, timeout=5, message="kubectl scale ces did not reach the workers")
+    eventually(lambda: replicas(kube_api) == 3, timeout=15, message="kubectl scale ces did not reach the workers")
 
 
 def test_broker_outage_leaves_replicas_alone(

@@ -110,7 +110,7 @@ def test_counters_follow_the_queues(kube_api: EmulatedApi, running: OperatorProc
 
     eventually(
         lambda: counters() == (3, 1, 1),
-        timeout=RESYNC * 5 + rabbitmq.STATS_LAG_SECONDS,
+        timeout=RESYNC * 5 + rabbitmq.STATS_LAG_SECONDS + 10,
         message="counters did not follow",
     )
 
