@@ -46,6 +46,12 @@ class Management:
     def vhost_path(self, vhost: str) -> str:
         return urllib.parse.quote(vhost, safe="")
 
+    def connections(self, vhost: str) -> list[dict[str, Any]]:
+        """The vhost's connections whose statistics have arrived. A new connection is listed before its first
+        statistics (up to collect_statistics_interval later) without fields such as `channels`."""
+        listed: list[dict[str, Any]] = self.request("GET", f"/vhosts/{self.vhost_path(vhost)}/connections")
+        return [connection for connection in listed if "channels" in connection]
+
 
 def check_reachable(amqp_url: str) -> None:
     parts = urllib.parse.urlsplit(amqp_url)

@@ -99,12 +99,7 @@ def test_refused_declares_leak_no_channels(
         assert not any(state.present for state in states)
 
     def our_channels() -> list[int]:
-        return [
-            int(c["channels"])
-            for c in rabbitmq_management.request(
-                "GET", f"/vhosts/{rabbitmq_management.vhost_path(test_vhost)}/connections"
-            )
-        ]
+        return [int(connection["channels"]) for connection in rabbitmq_management.connections(test_vhost)]
 
     eventually(lambda: our_channels() == [0], timeout=15, message="channels left open")
     control.close()

@@ -206,7 +206,7 @@ def test_many_services_share_one_connection_and_a_deleted_queue_stops_no_other(
         for service in services:
             eventually(lambda s=service: consumers(test_vhost_url, naming.monitor_queue_name(s)) == 1, timeout=15)
         # The management API lists connections from its statistics: a few seconds late.
-        eventually(lambda: len(listed_connections(rabbitmq_management, test_vhost)) == 1, timeout=15)
+        eventually(lambda: len(rabbitmq_management.connections(test_vhost)) == 1, timeout=15)
         doomed = "svc7"
         rabbitmq_management.request(
             "DELETE",
@@ -222,7 +222,7 @@ def test_many_services_share_one_connection_and_a_deleted_queue_stops_no_other(
         eventually(lambda: subject.subscriptions[doomed].connected, timeout=15, message="the deleted queue's consumer")
         publish(test_vhost_url, received_event(1), service=doomed)
         eventually(lambda: subject.received(doomed) == 1, timeout=5)
-        [connection] = listed_connections(rabbitmq_management, test_vhost)
+        [connection] = rabbitmq_management.connections(test_vhost)
         assert connection["channels"] <= 2, "one consuming and one declaring channel, whatever the number of services"
     finally:
         subject.finish()
