@@ -1,6 +1,7 @@
 """Benchmark: N services applied at once to the real operator process (prints figures, asserts nothing).
 
-    .venv/bin/python bench/scale.py [--services 1000] [--ingest-services 100] [--idle-seconds 60]
+    .venv/bin/python bench/scale.py [--services 1000] [--queue-type classic|quorum|mixed]
+                                    [--ingest-services 100] [--idle-seconds 60]
 
 Each service has 1 handler, maxRetries 3, monitoring and autoscaling on, and a Deployment as its scale
 target. The emulated Kubernetes API runs in this process, the operator in its own (its CPU, RSS and
@@ -55,13 +56,21 @@ def name(index: int) -> str:
     return f"svc-{index:04d}"
 
 
-def service(index: int) -> dict[str, Any]:
+def queue_type_of(index: int, chosen: str) -> str:
+    """`mixed`: classic and quorum services alternate, as teams run them side by side."""
+    if chosen == "mixed":
+        return "quorum" if index % 2 else "classic"
+    return chosen
+
+
+def service(index: int, queue_type: str) -> dict[str, Any]:
     return {
         "apiVersion": "celeryevents.io/v1alpha1",
         "kind": "CeleryEventService",
         "metadata": {"name": name(index)},
         "spec": {
             "broker": {"secretRef": {"name": "rabbitmq"}},
+            "queueType": queue_type,
             "retry": {"maxRetries": 3},
             "events": {"handlers": [{"name": f"domain.thing{index}.happened"}]},
             "statusIntervalSeconds": INTERVAL,
@@ -241,6 +250,7 @@ def report_steady_state(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--queue-type", choices=("classic", "quorum", "mixed"), default="classic")
     parser.add_argument("--ingest-services", type=int, default=100)
     parser.add_argument("--ingest-events", type=int, default=100_000)
     parser.add_argument("--idle-seconds", type=float, default=60)
@@ -255,7 +265,8 @@ def main() -> int:
     url = rabbitmq.url_with_vhost(amqp_url, vhost)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
     print(
-        f"{args.services} services (1 handler, maxRetries 3, monitoring and autoscaling on, a Deployment each);"
+        f"{args.services} {args.queue_type} services (1 handler, maxRetries 3, monitoring and autoscaling on,"
+        " a Deployment each);"
         f" operator log: {workdir / 'operator.log'}"
     )
     try:
@@ -274,7 +285,7 @@ def main() -> int:
             try:
                 started = time.monotonic()
                 for index in range(args.services):
-                    api.client.create(CES, service(index))
+                    api.client.create(CES, service(index, queue_type_of(index, args.queue_type)))
                 print(f"created in {time.monotonic() - started:.1f}s")
                 while (ready := conditions_true(api, "Ready")) < args.services:
                     if time.monotonic() - started > args.timeout:
