@@ -46,11 +46,11 @@ class Management:
     def vhost_path(self, vhost: str) -> str:
         return urllib.parse.quote(vhost, safe="")
 
-    def connections(self, vhost: str) -> list[dict[str, Any]]:
-        """The vhost's connections whose statistics have arrived. A new connection is listed before its first
-        statistics (up to collect_statistics_interval later) without fields such as `channels`."""
+    def connections(self, vhost: str, with_statistics: bool = False) -> list[dict[str, Any]]:
+        """The vhost's connections; `with_statistics`: only those whose statistics have arrived. A new connection
+        is listed before its first statistics (up to collect_statistics_interval later), without `channels`."""
         listed: list[dict[str, Any]] = self.request("GET", f"/vhosts/{self.vhost_path(vhost)}/connections")
-        return [connection for connection in listed if "channels" in connection]
+        return [connection for connection in listed if not with_statistics or "channels" in connection]
 
 
 def check_reachable(amqp_url: str) -> None:

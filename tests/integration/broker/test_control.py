@@ -99,7 +99,8 @@ def test_refused_declares_leak_no_channels(
         assert not any(state.present for state in states)
 
     def our_channels() -> list[int]:
-        return [int(connection["channels"]) for connection in rabbitmq_management.connections(test_vhost)]
+        listed = rabbitmq_management.connections(test_vhost, with_statistics=True)
+        return [int(connection["channels"]) for connection in listed]
 
     eventually(lambda: our_channels() == [0], timeout=15, message="channels left open")
     control.close()

@@ -138,11 +138,6 @@ def received_event(number: int) -> bytes:
     )
 
 
-def listed_connections(management: rabbitmq.Management, vhost: str) -> list[dict[str, Any]]:
-    connections: list[dict[str, Any]] = management.request("GET", f"/vhosts/{management.vhost_path(vhost)}/connections")
-    return connections
-
-
 def test_events_garbage_and_oversized_bodies_are_counted_exactly(running: Running, test_vhost_url: str) -> None:
     garbage = [b"{", b"[1, ", b"\xff\xfe", b"", b'{"no": "type"}', b'{"type": "task-received"}']
     oversized = b'{"type": "task-received", "pad": "' + b"x" * (2 * MAX_EVENT_BYTES + 200_000) + b'"}'
@@ -206,7 +201,7 @@ def test_many_services_share_one_connection_and_a_deleted_queue_stops_no_other(
         for service in services:
             eventually(lambda s=service: consumers(test_vhost_url, naming.monitor_queue_name(s)) == 1, timeout=15)
         # The management API lists connections from its statistics: a few seconds late.
-        eventually(lambda: len(rabbitmq_management.connections(test_vhost)) == 1, timeout=15)
+        eventually(lambda: len(rabbitmq_management.connections(test_vhost, with_statistics=True)) == 1, timeout=15)
         doomed = "svc7"
         rabbitmq_management.request(
             "DELETE",
@@ -222,7 +217,7 @@ def test_many_services_share_one_connection_and_a_deleted_queue_stops_no_other(
         eventually(lambda: subject.subscriptions[doomed].connected, timeout=15, message="the deleted queue's consumer")
         publish(test_vhost_url, received_event(1), service=doomed)
         eventually(lambda: subject.received(doomed) == 1, timeout=5)
-        [connection] = rabbitmq_management.connections(test_vhost)
+        [connection] = rabbitmq_management.connections(test_vhost, with_statistics=True)
         assert connection["channels"] <= 2, "one consuming and one declaring channel, whatever the number of services"
     finally:
         subject.finish()
@@ -239,20 +234,18 @@ def test_an_unsubscribed_service_stops_consuming_and_the_last_one_closes_the_con
         assert consumers(test_vhost_url, naming.monitor_queue_name("one")) == 1
     finally:
         subject.finish()
-    eventually(lambda: listed_connections(rabbitmq_management, test_vhost) == [], timeout=10)
+    eventually(lambda: rabbitmq_management.connections(test_vhost) == [], timeout=10)
 
 
 def test_consumer_comes_back_when_the_broker_drops_its_connection(
     running: Running, test_vhost_url: str, rabbitmq_management: rabbitmq.Management, test_vhost: str
 ) -> None:
     def ours() -> list[str]:
-        return [str(c["name"]) for c in listed_connections(rabbitmq_management, test_vhost)]
+        return [str(c["name"]) for c in rabbitmq_management.connections(test_vhost)]
 
     [first] = eventually(ours, timeout=30)  # the management API lists connections a statistics interval late
     # A consumer without acks sends nothing: heartbeats are what tell the broker it lives.
-    assert [c["timeout"] for c in listed_connections(rabbitmq_management, test_vhost)] == [
-        events_connection.HEARTBEAT_SECONDS
-    ]
+    assert [c["timeout"] for c in rabbitmq_management.connections(test_vhost)] == [events_connection.HEARTBEAT_SECONDS]
     rabbitmq_management.request("DELETE", f"/connections/{urllib.parse.quote(first, safe='')}")
     eventually(lambda: "closed the connection" in running.log(), timeout=5)
     eventually(lambda: ours() not in ([], [first]), timeout=30, message="no new connection")
@@ -286,7 +279,7 @@ def test_a_stopped_consumer_leaves_no_connection(
     subject = Running(test_vhost_url)
     eventually(lambda: consumers(test_vhost_url) == 1, timeout=10)
     subject.finish()
-    eventually(lambda: listed_connections(rabbitmq_management, test_vhost) == [], timeout=10)
+    eventually(lambda: rabbitmq_management.connections(test_vhost) == [], timeout=10)
 
 
 def private_tls_rabbit(tls_dir: pathlib.Path, hosts: list[str], client_ca: pathlib.Path | None = None) -> PrivateRabbit:

@@ -280,7 +280,7 @@ def test_the_events_consumer_readiness_turns_0_while_it_cannot_consume(
 
     def refused() -> bool:
         # the management API lists a new connection late: close what it lists until the consumer is down
-        for connection in rabbitmq_management.request("GET", f"/vhosts/{vhost}/connections"):
+        for connection in rabbitmq_management.connections(test_vhost):
             name = urllib.parse.quote(connection["name"], safe="")
             with contextlib.suppress(urllib.error.HTTPError):  # closed meanwhile
                 rabbitmq_management.request("DELETE", f"/connections/{name}")
