@@ -17,7 +17,8 @@ from typing import Any, ParamSpec, TypeVar
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from celery_event_operator.api.models import GROUP, PLURAL, VERSION
+from celery_event_operator.api.metadata import GROUP
+from celery_event_operator.api.models import PLURAL, VERSION
 from celery_event_operator.errors import BrokerSecretError, KubeError, NotFoundError
 
 # (API group, resource, verb) of every call the operator process makes; the chart's RBAC is tested

@@ -17,7 +17,6 @@ from pydantic.alias_generators import to_camel
 
 from celery_event_operator.errors import InvalidSpecError
 
-GROUP = "celeryevents.io"
 VERSION = "v1alpha1"
 KIND = "CeleryEventService"
 PLURAL = "celeryeventservices"

@@ -4,14 +4,13 @@ the metric series of live workers), and the series of a deleted pod removed at o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
 
-from celery_event_operator.injection.settings import HASH_ANNOTATION, SERVICE_LABEL
-
-ServicePods = Callable[[str], list[tuple[str, str | None]]]  # serviceName → (pod name, its settings hash)
+from celery_event_operator.api.metadata import HASH_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.service.pods import PodsOf, WorkerPod
 
 
 @kopf.index("v1", "pods", labels={SERVICE_LABEL: kopf.PRESENT})
@@ -22,18 +21,18 @@ def pods_by_service(
     annotations: kopf.Annotations,
     meta: kopf.Meta,
     **_: Any,
-) -> dict[tuple[str | None, str], tuple[str | None, str | None]]:
-    if meta.get("deletionTimestamp"):
+) -> dict[tuple[str | None, str], WorkerPod]:
+    if meta.get("deletionTimestamp") or name is None:
         return {}  # terminating: no longer one of the service's workers
-    return {(namespace, labels[SERVICE_LABEL]): (name, annotations.get(HASH_ANNOTATION))}
+    return {(namespace, labels[SERVICE_LABEL]): WorkerPod(name, annotations.get(HASH_ANNOTATION))}
 
 
-def service_pods(index: kopf.Index[Any, Any] | None, namespace: str | None) -> ServicePods:
+def service_pods(index: kopf.Index[Any, Any] | None, namespace: str | None) -> PodsOf:
     """A view of the index for one namespace (kopf keeps the index current; the view reads it when called)."""
 
-    def pods(service: str) -> list[tuple[str, str | None]]:
-        found: Iterable[tuple[str | None, str | None]] = index.get((namespace, service), []) if index else []
-        return [(name, config_hash) for name, config_hash in found if name is not None]
+    def pods(service: str) -> list[WorkerPod]:
+        found: Iterable[WorkerPod] = index.get((namespace, service), []) if index else []
+        return list(found)
 
     return pods
 

@@ -12,13 +12,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from celery_event_operator.injection.settings import HASH_ANNOTATION, LOADER_MODULE, MOUNT_PATH, SETTINGS_FILE
+from celery_event_operator.api.metadata import HASH_ANNOTATION
+from celery_event_operator.injection.settings import LOADER_MODULE, MOUNT_PATH, SETTINGS_FILE
 from celery_event_operator.naming import SOFT_SHUTDOWN_ENV
 
 VOLUME_NAME = "celeryevents-settings"
 DEFAULT_GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds
 SHUTDOWN_MARGIN_SECONDS = 5
-WARNING_ANNOTATION = "celeryevents.io/injection-warning"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,8 +21,6 @@ from celery_event_operator.worker_settings import ROBUST_CELERY_SETTINGS
 MOUNT_PATH = "/etc/celery-events"
 SETTINGS_FILE = "settings.json"
 LOADER_MODULE = "celeryevents_settings"
-HASH_ANNOTATION = "celeryevents.io/config-hash"
-SERVICE_LABEL = "celeryevents.io/service"
 
 # The fixed loader: a config module for CELERY_CONFIG_MODULE that reads the JSON beside it.
 LOADER_SOURCE = '''"""Celery settings injected by celery-event-operator (generated data lives in settings.json)."""
