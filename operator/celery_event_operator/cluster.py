@@ -34,3 +34,6 @@ class Cluster:
 
     async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         await self.kube.call(self.kube.api.patch_service_metadata, namespace, name, annotations)
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        await self.kube.call(self.kube.api.annotate_pod, namespace, name, annotations)

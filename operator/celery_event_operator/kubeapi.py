@@ -45,8 +45,10 @@ API_CALLS = (
     # pods for the metrics (a deleted pod's series go at once)
     ("", "pods", "list"),
     ("", "pods", "watch"),
-    # healing: a pod that runs without the current settings is evicted (PodDisruptionBudgets hold)
+    # healing: a pod that runs without the current settings, or a stuck worker, is evicted (PodDisruptionBudgets
+    # hold); the workers' deletion cost (controller.kubernetes.io/pod-deletion-cost) is kept on their pods
     ("", "pods/eviction", "create"),
+    ("", "pods", "patch"),
     # replicas (--peering): the kopf peering object, made by the first replica (kopf lists, watches and
     # patches it; a namespaced operator uses a KopfPeering per namespace, a cluster-wide one a ClusterKopfPeering)
     ("kopf.dev", "clusterkopfpeerings", "create"),
@@ -152,6 +154,15 @@ class KubeApi:
             for pod in pods.items
             if pod.metadata is not None and pod.metadata.deletion_timestamp is None
         ]
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        # Gone meanwhile (404): nothing to keep on it.
+        _unless_absent(
+            lambda: self._core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": annotations}}, _request_timeout=10
+            ),
+            f"cannot annotate pod {namespace}/{name}",
+        )
 
     def evict_pod(self, namespace: str, name: str) -> bool:
         """Evict through the Eviction API: True when evicted (or already gone), False when a

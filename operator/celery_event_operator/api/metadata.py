@@ -18,3 +18,6 @@ DECLARED_ANNOTATION = f"{GROUP}/declared-entities"
 ACCEPTED_IMMUTABLE_ANNOTATION = f"{GROUP}/accepted-immutable-fields"
 KOPF_ANNOTATION_PREFIX = GROUP
 FINALIZER = f"{GROUP}/finalizer"
+
+# Kubernetes' own: the ReplicaSet controller deletes the pods of lowest cost first on a scale-down.
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"

@@ -22,6 +22,7 @@ from celery_event_operator.broker.management import QueueListing
 from celery_event_operator.broker.secret import BrokerSettings, SecretReader
 from celery_event_operator.broker.tls import TlsFiles
 from celery_event_operator.errors import BrokerRefusedError, ManagementUnavailableError
+from celery_event_operator.lifecycle.consumers import Consumer
 from celery_event_operator.monitoring.events_connection import EventsConnection
 from celery_event_operator.scaling.depths import QueueDepth
 from celery_event_operator.topology import apply
@@ -75,6 +76,9 @@ class Broker:
             if (counts := listed.get(name)) is not None
         )
         return found, "ready + unacknowledged"
+
+    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+        return await self.listing.consumers(max_age)
 
     async def close(self) -> None:
         await self.events.close()

@@ -32,7 +32,14 @@ from celery_event_operator.monitoring.events_connection import Subscription
 from celery_event_operator.naming import event_exchange_name, handler_queue_name, monitor_queue_name
 from celery_event_operator.service import spec as specs
 from celery_event_operator.service.conclusion import Announced, Conclusion, EventNote, conclude, patch_of, status_of
-from celery_event_operator.service.observations import Evicted, MonitoringSeen, Observations, QueuesSeen, ScalingSeen
+from celery_event_operator.service.observations import (
+    Evicted,
+    LifecycleSeen,
+    MonitoringSeen,
+    Observations,
+    QueuesSeen,
+    ScalingSeen,
+)
 from celery_event_operator.service.pods import PodsOf
 from celery_event_operator.topology.outcome import DeclareOutcome
 
@@ -72,6 +79,7 @@ class ServiceKeeper:
         self._workers: tuple[int | None, float, WorkersOutcome] | None = None  # generation, when, outcome
         self._scaler = steps.ScalerMemory()
         self._healing = healing.HealingMemory()
+        self._lifecycle_memory = steps.LifecycleMemory()
         self._swept_at = time.monotonic()
         self._refreshed_at: float | None = None  # the last status pass
         self.resync_requested = asyncio.Event()
@@ -128,12 +136,14 @@ class ServiceKeeper:
             if isinstance(found, InvalidSpecError) or broker is None:
                 return  # the reconcile reports why
             queues, scaling = await self._count(found, broker, pods)
+            lifecycle = await self._lifecycle(found, broker, pods, queues)
             seen = Observations(
                 specs.generation_of(body),
                 found.spec,
                 queues=queues,
                 scaling=scaling,
-                evicted=await self._heal(found, pods),
+                lifecycle=lifecycle,
+                evicted=await self._heal(found, pods, lifecycle),
                 monitoring=self._monitoring(found, broker) if self._status is not None else None,
             )
             await self._write(body, self._conclude(body, seen), {}, None)
@@ -229,12 +239,12 @@ class ServiceKeeper:
         brokers = self.context.brokers
         try:
             settings = await brokers.settings(self.namespace, understood.spec)
+            if self._broker is not None and self._broker.key == settings.key:
+                return self._broker, None
+            broker = brokers.acquire(settings)  # its TLS material is checked here
         except OperatorError as exc:
             await self._let_go()
             return None, exc
-        if self._broker is not None and self._broker.key == settings.key:
-            return self._broker, None
-        broker = brokers.acquire(settings)
         if self._broker is not None:
             self._logger.info("broker settings of %s changed: moving to %s", self.name, broker.display)
         await self._let_go()
@@ -302,18 +312,49 @@ class ServiceKeeper:
             return None
         return workers.heal_after_seconds
 
-    async def _heal(self, understood: specs.Understood, pods: PodsOf) -> Evicted | None:
+    async def _lifecycle(
+        self, understood: specs.Understood, broker: ServiceBroker, pods: PodsOf, queues: QueuesSeen
+    ) -> LifecycleSeen | None:
+        """Deletion costs kept, stuck workers found."""
+        metrics = self.context.metrics.find(self.namespace, understood.service)
+        subscription = self._subscription
+        seen = await steps.keep_lifecycle(
+            self.context.cluster,
+            broker,
+            self.namespace,
+            understood,
+            pods=pods(understood.service),
+            metrics=metrics,
+            memory=self._lifecycle_memory,
+            queues=queues,
+            events_consumed=subscription is not None and subscription.problem is None,
+            config_hash=self._workers[2].config_hash if self._workers is not None else None,
+            now=time.monotonic(),
+            logger=self._logger,
+        )
+        if metrics is not None:
+            metrics.stuck_workers = len(seen.stuck) if seen is not None and seen.unchecked is None else None
+        return seen
+
+    async def _heal(
+        self, understood: specs.Understood, pods: PodsOf, lifecycle: LifecycleSeen | None
+    ) -> Evicted | None:
+        """Evict the next stuck worker, or pod without the current settings, when one is due."""
         heal_after, workers = self._heal_after(understood), understood.spec.workers
-        if heal_after is None or workers is None or self._workers is None:
+        if workers is None:
+            return None
+        stuck = {w.pod: w.why for w in lifecycle.stuck} if lifecycle and workers.replace_stuck_workers else {}
+        if heal_after is None and not stuck:
             return None
         return await steps.heal(
             self.context.cluster,
             self.namespace,
             self._healing,
             pods(understood.service),
-            self._workers[2].config_hash,
+            self._workers[2].config_hash if heal_after is not None and self._workers is not None else None,
+            stuck=stuck,
             heal_old=workers.rollout_on_change,
-            grace_seconds=heal_after,
+            grace_seconds=heal_after or workers.heal_after_seconds,
             now=time.monotonic(),
             logger=self._logger,
         )

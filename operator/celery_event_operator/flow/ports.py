@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
 from celery_event_operator.broker.secret import BrokerSettings
 from celery_event_operator.injection.outcome import WorkersOutcome
+from celery_event_operator.lifecycle.consumers import Consumer
 from celery_event_operator.monitoring.collector import MetricsRegistry
 from celery_event_operator.monitoring.events_connection import Subscription
 from celery_event_operator.monitoring.state import ServiceMetrics
@@ -55,6 +56,10 @@ class ServiceBroker(Protocol):
         """The service's queue depths and how they were counted; BrokerUnavailableError when unknown."""
         ...
 
+    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+        """The vhost's consumers and their connections; ManagementUnavailableError without a management API."""
+        ...
+
 
 class BrokerSource(Protocol):
     """The brokers of the services' Secrets."""
@@ -63,7 +68,9 @@ class BrokerSource(Protocol):
         """A service's broker settings from its Secret; an OperatorError (with its reason) when unusable."""
         ...
 
-    def acquire(self, settings: BrokerSettings) -> ServiceBroker: ...
+    def acquire(self, settings: BrokerSettings) -> ServiceBroker:
+        """The broker of these settings, shared; BrokerSecretError when its TLS material is unusable."""
+        ...
 
     async def release(self, key: str) -> None: ...  # one user fewer of the broker of `key`
 
@@ -88,6 +95,8 @@ class ClusterAccess(Protocol):
     async def patch_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None: ...
 
     async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
 
 
 class KeeperContext(Protocol):

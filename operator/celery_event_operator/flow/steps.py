@@ -8,15 +8,19 @@ import datetime
 import logging
 from typing import Any
 
-from celery_event_operator.api.metadata import SERVICE_LABEL
-from celery_event_operator.errors import BrokerUnavailableError, KubeError, OperatorError
+from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.errors import BrokerUnavailableError, KubeError, ManagementUnavailableError, OperatorError
 from celery_event_operator.flow.ports import ClusterAccess, ServiceBroker
 from celery_event_operator.injection import healing
+from celery_event_operator.lifecycle import consumers, costs
+from celery_event_operator.lifecycle.stuck import StuckMemory, judge
 from celery_event_operator.monitoring.events_connection import Subscription
+from celery_event_operator.monitoring.state import ServiceMetrics
 from celery_event_operator.scaling import policy
 from celery_event_operator.scaling.depths import counters
 from celery_event_operator.service.observations import (
     Evicted,
+    LifecycleSeen,
     MonitoringSeen,
     QueuesSeen,
     Scaled,
@@ -27,6 +31,11 @@ from celery_event_operator.service.spec import Understood
 from celery_event_operator.topology.declared import Declared
 from celery_event_operator.topology.outcome import DeclareOutcome
 from celery_event_operator.topology.plan import Topology
+
+# At most this many pods' deletion costs are patched per service and pass (the rest in the next passes); one sent
+# is not sent again before the watch brought it back or this long passed.
+COST_WRITES_PER_PASS = 20
+COST_RESEND_SECONDS = 30.0
 
 
 @dataclasses.dataclass
@@ -133,19 +142,131 @@ def monitoring(enabled: bool, subscription: Subscription | None, broker: Service
     return MonitoringSeen(enabled, problem, own)
 
 
+@dataclasses.dataclass
+class LifecycleMemory:
+    """What one service's worker lifecycle remembers between passes."""
+
+    stuck: StuckMemory = dataclasses.field(default_factory=StuckMemory)
+    costs_sent: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # pod → cost, when
+
+
+async def keep_lifecycle(
+    cluster: ClusterAccess,
+    broker: ServiceBroker,
+    namespace: str,
+    understood: Understood,
+    *,
+    pods: list[WorkerPod],
+    metrics: ServiceMetrics | None,
+    memory: LifecycleMemory,
+    queues: QueuesSeen,
+    events_consumed: bool,
+    config_hash: str | None,
+    now: float,
+    logger: logging.Logger | Any,
+) -> LifecycleSeen | None:
+    """The workers' deletion costs kept from the tasks they run, and the stuck ones found (None: the service has
+    no workers to keep). Nothing is judged on what is unknown: the queues, the heartbeats, the current settings."""
+    spec, workers = understood.spec, understood.spec.workers
+    if workers is None:
+        return None
+    written = 0
+    if workers.set_deletion_cost and metrics is not None and events_consumed:
+        written = await _keep_deletion_costs(
+            cluster, namespace, pods=pods, metrics=metrics, memory=memory, now=now, logger=logger
+        )
+    candidates = [
+        pod.name for pod in pods if pod.running and config_hash is not None and pod.config_hash in (config_hash, None)
+    ]
+    unchecked = None
+    if not spec.monitoring.enabled or metrics is None:
+        unchecked = "monitoring is off: the workers' heartbeats are not consumed"
+    elif queues.depths is None:
+        unchecked = f"queue lengths unknown: {queues.problem}"
+    elif config_hash is None:
+        unchecked = "the workers' settings are not known yet"
+    elif not events_consumed:
+        unchecked = "the service's Celery events are not consumed (see MonitoringReady)"
+    if unchecked is not None or metrics is None or queues.depths is None:
+        judge(
+            memory.stuck,
+            candidates,
+            last_heard={},
+            consuming=None,
+            waiting=0,
+            heartbeats_known=False,
+            now=now,
+            threshold=0,
+        )
+        return LifecycleSeen(len(candidates), unchecked=unchecked, costs_written=written)
+    try:
+        listed = await broker.consumers(spec.status_interval_seconds / 2)
+        handler_queues = frozenset(q.name for q in understood.topology.queues if q.role == "events")
+        candidate_pods = [pod for pod in pods if pod.name in candidates]
+        consuming: dict[str, bool | None] | None = consumers.consuming(
+            listed, handler_queues, candidate_pods, namespace
+        )
+    except ManagementUnavailableError:
+        consuming = None  # heartbeats are still judged
+    stuck = judge(
+        memory.stuck,
+        candidates,
+        last_heard=metrics.last_heard,
+        consuming=consuming,
+        waiting=counters(queues.depths)["queueLength"],
+        heartbeats_known=True,
+        now=now,
+        threshold=workers.stuck_after_seconds,
+    )
+    return LifecycleSeen(len(candidates), stuck, costs_written=written)
+
+
+async def _keep_deletion_costs(
+    cluster: ClusterAccess,
+    namespace: str,
+    *,
+    pods: list[WorkerPod],
+    metrics: ServiceMetrics,
+    memory: LifecycleMemory,
+    now: float,
+    logger: logging.Logger | Any,
+) -> int:
+    """Patch the pods whose deletion cost changed (a bounded number per pass); the number patched."""
+    running = metrics.running.elapsed(now)
+    wanted = {pod.name: costs.deletion_cost(running.get(pod.name, ())) for pod in pods if pod.running}
+    current = {pod.name: pod.deletion_cost for pod in pods}
+    for pod, (cost, at) in list(memory.costs_sent.items()):
+        if pod not in wanted or current.get(pod) == str(cost) or now - at > COST_RESEND_SECONDS:
+            del memory.costs_sent[pod]  # seen back (or gone, or long ago): the pod's own annotation counts
+        else:
+            current[pod] = str(cost)  # sent a moment ago; the watch has not brought it back yet
+    written = 0
+    for pod, cost in costs.costs_to_write(wanted, current, limit=COST_WRITES_PER_PASS).items():
+        try:
+            await cluster.annotate_pod(namespace, pod, {DELETION_COST_ANNOTATION: str(cost)})
+        except KubeError as exc:
+            logger.warning("%s", exc)
+            continue
+        memory.costs_sent[pod] = (cost, now)
+        written += 1
+    return written
+
+
 async def heal(
     cluster: ClusterAccess,
     namespace: str,
     memory: healing.HealingMemory,
     pods: list[WorkerPod],
-    config_hash: str,
+    config_hash: str | None,
     *,
+    stuck: dict[str, str],
     heal_old: bool,
     grace_seconds: int,
     now: float,
     logger: logging.Logger | Any,
 ) -> Evicted | None:
-    """Evict the next pod that runs without the current settings, if one is due."""
+    """Evict the next pod that is stuck, or runs without the current settings (`config_hash` None: those are left
+    alone), if one is due."""
     step = healing.next_step(
         memory,
         [(pod.name, pod.config_hash) for pod in pods],
@@ -153,6 +274,7 @@ async def heal(
         heal_old=heal_old,
         now=now,
         grace_seconds=grace_seconds,
+        stuck=stuck,
     )
     if step.evict is None:
         return None

@@ -22,15 +22,29 @@ from celery_event_operator.api.models import CeleryEventServiceStatus, Condition
 from celery_event_operator.errors import BrokerRefusedError, UnsupportedOperationError
 from celery_event_operator.injection.outcome import WorkersOutcome
 from celery_event_operator.scaling.depths import counters
-from celery_event_operator.service.observations import MonitoringSeen, Observations, QueuesSeen, ScalingSeen
+from celery_event_operator.service.observations import (
+    LifecycleSeen,
+    MonitoringSeen,
+    Observations,
+    QueuesSeen,
+    ScalingSeen,
+)
 from celery_event_operator.topology.declared import Declared
 from celery_event_operator.topology.outcome import DeclareOutcome
 
 BROKER_REACHABLE = "BrokerReachable"
 TOPOLOGY_READY = "TopologyReady"
 WORKERS_CONFIGURED = "WorkersConfigured"
+WORKERS_HEALTHY = "WorkersHealthy"
 MONITORING_READY = "MonitoringReady"
-_ORDER = {conditions.READY: 0, BROKER_REACHABLE: 1, TOPOLOGY_READY: 2, WORKERS_CONFIGURED: 3, MONITORING_READY: 4}
+_ORDER = {
+    conditions.READY: 0,
+    BROKER_REACHABLE: 1,
+    TOPOLOGY_READY: 2,
+    WORKERS_CONFIGURED: 3,
+    WORKERS_HEALTHY: 4,
+    MONITORING_READY: 5,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +63,7 @@ class Announced:
     queues_problem: str | None = None  # why queue lengths are unknown
     scale_problem: str | None = None  # why the workload's /scale cannot be read
     monitoring_failure: bool = False  # the events consumer's own failure
+    stuck: frozenset[str] = frozenset()  # the pods announced stuck (one Event each, per episode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +120,8 @@ def conclude(
         announced = _queues(fields, state, seen.queues, announced, autoscaling=_autoscaling(seen))
     if seen.scaling is not None:
         announced = _scaling(fields, state, seen.scaling, announced, scaling_wanted=_scaling_wanted(seen))
+    if seen.lifecycle is not None:
+        announced = _lifecycle(state, seen.lifecycle, announced)
     if seen.evicted is not None:
         state.events.append(EventNote("Normal", "PodEvicted", f"evicted pod {seen.evicted.pod}: {seen.evicted.why}"))
     if seen.monitoring is not None:
@@ -280,6 +297,23 @@ def _scaling(
         message = f"{scaled.target} from {scaled.before} to {scaled.after}: {scaled.why}"
         state.events.append(EventNote("Normal", "Scaled", message))
     return dataclasses.replace(announced, scale_problem=None) if scaling.scale_checked else announced
+
+
+def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announced) -> Announced:
+    """WorkersHealthy: do the Running workers heartbeat and consume? One Warning per pod found stuck."""
+    if lifecycle.unchecked is not None:
+        state.set(WORKERS_HEALTHY, "Unknown", "NotChecked", lifecycle.unchecked, announce=False)
+        return announced
+    if not lifecycle.stuck:
+        message = f"{lifecycle.judged} running workers heartbeat and consume"
+        state.set(WORKERS_HEALTHY, "True", "WorkersHealthy", message)
+        return dataclasses.replace(announced, stuck=frozenset())
+    message = "; ".join(f"{worker.pod}: {worker.why}" for worker in lifecycle.stuck)
+    state.set(WORKERS_HEALTHY, "False", "WorkersStuck", message, announce=False)
+    for worker in lifecycle.stuck:
+        if worker.pod not in announced.stuck:
+            state.events.append(EventNote("Warning", "WorkerStuck", f"worker pod {worker.pod}: {worker.why}"))
+    return dataclasses.replace(announced, stuck=frozenset(worker.pod for worker in lifecycle.stuck))
 
 
 def _monitoring(state: _Conditions, monitoring: MonitoringSeen, announced: Announced) -> Announced:

@@ -12,6 +12,7 @@ import dataclasses
 from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.errors import InvalidSpecError
 from celery_event_operator.injection.outcome import WorkersOutcome
+from celery_event_operator.lifecycle.stuck import StuckWorker
 from celery_event_operator.scaling.depths import QueueDepth
 from celery_event_operator.topology.declared import Declared
 from celery_event_operator.topology.outcome import DeclareOutcome
@@ -61,6 +62,17 @@ class MonitoringSeen:
 
 
 @dataclasses.dataclass(frozen=True)
+class LifecycleSeen:
+    """The workers' lifecycle: which Running pods on the current settings are stuck (judged only on what is known),
+    and the deletion costs written."""
+
+    judged: int  # pods judged
+    stuck: tuple[StuckWorker, ...] = ()
+    unchecked: str | None = None  # why the pods were not judged this pass
+    costs_written: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Evicted:
     pod: str
     why: str
@@ -77,4 +89,5 @@ class Observations:
     queues: QueuesSeen | None = None
     scaling: ScalingSeen | None = None
     monitoring: MonitoringSeen | None = None
+    lifecycle: LifecycleSeen | None = None
     evicted: Evicted | None = None

@@ -13,6 +13,9 @@ class WorkerPod:
 
     name: str
     config_hash: str | None  # the settings hash the webhook injected (None: admitted without settings)
+    ip: str | None = None  # status.podIP: the address the broker sees its connections come from
+    running: bool = False  # status.phase Running
+    deletion_cost: str | None = None  # its controller.kubernetes.io/pod-deletion-cost annotation
 
 
 # serviceName → its live pods (a view of kopf's index: read when called)

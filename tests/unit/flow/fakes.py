@@ -12,6 +12,7 @@ from celery_event_operator.broker.secret import BrokerSettings
 from celery_event_operator.broker.tls import TlsMaterial
 from celery_event_operator.errors import KubeError, OperatorError
 from celery_event_operator.injection.outcome import WorkersOutcome, count_pods
+from celery_event_operator.lifecycle.consumers import Consumer
 from celery_event_operator.monitoring.collector import MetricsRegistry
 from celery_event_operator.monitoring.events_connection import Subscription
 from celery_event_operator.monitoring.state import ServiceMetrics
@@ -48,6 +49,7 @@ class FakeBroker:
         self.declares: list[tuple[str, bool]] = []  # service, remove
         self.declare_failure: OperatorError | None = None
         self.depth_answer: tuple[tuple[QueueDepth, ...], str] | OperatorError = ((), "ready + unacknowledged")
+        self.consumer_answer: tuple[Consumer, ...] | OperatorError = ()
 
     async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
         self.declares.append((topology.service, remove))
@@ -59,6 +61,11 @@ class FakeBroker:
         if isinstance(self.depth_answer, OperatorError):
             raise self.depth_answer
         return self.depth_answer
+
+    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+        if isinstance(self.consumer_answer, OperatorError):
+            raise self.consumer_answer
+        return self.consumer_answer
 
 
 class FakeBrokers:
@@ -108,6 +115,9 @@ class FakeCluster:
     async def set_scale(self, namespace: str, target: ScaleTargetRef, replicas: int) -> None:
         self.calls.append(("set_scale", target.name, replicas))
         self.scale = replicas
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.calls.append(("annotate_pod", name, annotations))
 
     async def evict_pod(self, namespace: str, name: str) -> bool:
         self.calls.append(("evict_pod", name))

@@ -86,9 +86,12 @@ async def test_a_reconcile_declares_configures_subscribes_and_writes_once() -> N
     assert len(harness.cluster.made("patch_status")) == 1
     assert harness.reasons() == []
 
+    await harness.status_pass()
+    assert harness.condition("WorkersHealthy") == ("Unknown", "NotChecked"), "the events are not consumed yet"
+    assert len(harness.cluster.made("patch_status")) == 2
     await harness.reconcile()
     await harness.status_pass()
-    assert len(harness.cluster.made("patch_status")) == 1, "at rest: nothing written"
+    assert len(harness.cluster.made("patch_status")) == 2, "at rest: nothing written"
     assert harness.cluster.made("sync_workers") == [("sync_workers", "billing")], "checked once per generation"
     assert len(harness.broker.declares) == 2, "a resync declares again (a hand-deleted queue comes back)"
     assert harness.brokers.users == 1
@@ -190,3 +193,16 @@ async def test_closing_lets_go_of_the_consumer_broker_and_series() -> None:
     assert harness.brokers.users == 0
     assert harness.broker.events.subscriptions == []
     assert harness.context.metrics.find("shop", "billing") is None
+
+
+async def test_unusable_tls_material_found_when_the_broker_is_made_is_the_secrets_fault() -> None:
+    harness = Harness(resource())
+    failure = BrokerSecretError("the broker Secret's ca.crt is no PEM certificate")
+
+    def refuse(settings: Any) -> FakeBroker:
+        raise failure
+
+    harness.brokers.acquire = refuse  # type: ignore[method-assign]
+    await harness.reconcile()
+    assert harness.condition("BrokerReachable") == ("False", "BrokerSecretInvalid")
+    assert harness.reasons() == ["BrokerSecretInvalid"]

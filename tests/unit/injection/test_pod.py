@@ -38,6 +38,8 @@ def test_every_container_gets_env_and_mount() -> None:
             "CELERY_WORKER_WITHOUT_GOSSIP",
             "REMAP_SIGTERM",
             "CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS",
+            "CELERY_EVENTS_POD_NAME",
+            "CELERY_EVENTS_POD_NAMESPACE",
             "PYTHONPATH",
         ]
         assert container["volumeMounts"] == [{"name": pod.VOLUME_NAME, "mountPath": MOUNT_PATH, "readOnly": True}]

@@ -21,6 +21,7 @@ from celery_event_operator.errors import (
     UnsupportedOperationError,
 )
 from celery_event_operator.injection.outcome import WorkersOutcome
+from celery_event_operator.lifecycle.stuck import StuckWorker
 from celery_event_operator.scaling.depths import QueueDepth
 from celery_event_operator.service.conclusion import (
     Announced,
@@ -32,6 +33,7 @@ from celery_event_operator.service.conclusion import (
 )
 from celery_event_operator.service.observations import (
     Evicted,
+    LifecycleSeen,
     MonitoringSeen,
     Observations,
     QueuesSeen,
@@ -470,3 +472,33 @@ def test_observations_are_plain_frozen_data() -> None:
     seen = reconciled()
     with pytest.raises(dataclasses.FrozenInstanceError):
         seen.generation = 4  # type: ignore[misc]
+
+
+def test_stuck_workers_are_named_in_workers_healthy_and_announced_once_each() -> None:
+    silent = StuckWorker("w-1", "no heartbeat for 130 s while Running")
+    idle = StuckWorker("w-2", "heartbeats but consumes from no handler queue for 125 s while 40 messages wait")
+    found = run(
+        status_passed(lifecycle=LifecycleSeen(2)),
+        status_passed(lifecycle=LifecycleSeen(2, (silent,))),
+        status_passed(lifecycle=LifecycleSeen(2, (silent, idle))),
+        status_passed(lifecycle=LifecycleSeen(2, (silent, idle))),
+        status_passed(lifecycle=LifecycleSeen(2, unchecked="queue lengths unknown: down")),
+        status_passed(lifecycle=LifecycleSeen(2)),
+    )
+    assert [conditions(c)["WorkersHealthy"] for c in found] == [
+        ("True", "WorkersHealthy"),
+        ("False", "WorkersStuck"),
+        ("False", "WorkersStuck"),
+        ("False", "WorkersStuck"),
+        ("Unknown", "NotChecked"),
+        ("True", "WorkersHealthy"),
+    ]
+    assert [[n.message for n in c.events] for c in found[:4]] == [
+        [],
+        ["worker pod w-1: no heartbeat for 130 s while Running"],
+        ["worker pod w-2: heartbeats but consumes from no handler queue for 125 s while 40 messages wait"],
+        [],
+    ]
+    message = next(c.message for c in found[2].status.conditions if c.type == "WorkersHealthy")
+    assert message.startswith("w-1: no heartbeat for 130 s while Running; w-2: heartbeats but")
+    assert events(found[4]) == [], "not judged: no Event"
