@@ -285,6 +285,9 @@ def report_steady_state(
     url: str,
     args: argparse.Namespace,
 ) -> None:
+    if not args.pods_per_service:
+        measure_steady_state(api, operator, management, vhost, args)
+        return
     stop = multiprocessing.Event()
     heartbeats = multiprocessing.Process(
         target=worker_events, args=(url, [name(i) for i in range(args.services)], args.pods_per_service, False, stop)
@@ -377,7 +380,7 @@ def main() -> int:
     parser.add_argument("--ingest-services", type=int, default=100)
     parser.add_argument("--ingest-events", type=int, default=100_000)
     parser.add_argument("--idle-seconds", type=float, default=60)
-    parser.add_argument("--pods-per-service", type=int, default=2)
+    parser.add_argument("--pods-per-service", type=int, default=2, help="0: no pods (and no worker events)")
     parser.add_argument("--resync-seconds", type=float, default=30)
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
@@ -421,7 +424,8 @@ def main() -> int:
                 print(f"all Ready:            {time.monotonic() - started:.1f}s")
 
                 report_steady_state(api, operator, management, vhost, url=url, args=args)
-                report_changing_load(api, url, args)
+                if args.pods_per_service:
+                    report_changing_load(api, url, args)
                 single, single_cpu, single_broker = ingest(operator, url, [name(0)], args.ingest_events)
                 many, many_cpu, many_broker = ingest(
                     operator, url, [name(i) for i in range(args.ingest_services)], args.ingest_events
