@@ -1,10 +1,11 @@
 """Benchmark: N services applied at once to the real operator process (prints figures, asserts nothing).
 
     .venv/bin/python bench/scale.py [--services 1000] [--queue-type classic|quorum|mixed]
-                                    [--ingest-services 100] [--idle-seconds 60]
+                                    [--ingest-services 100] [--idle-seconds 60] [--pods-per-service 2]
 
-Each service has 1 handler, maxRetries 3, monitoring and autoscaling on, and a Deployment as its scale
-target. The emulated Kubernetes API runs in this process, the operator in its own (its CPU, RSS and
+Each service has 1 handler, maxRetries 3, monitoring and autoscaling on, a Deployment as its scale
+target and --pods-per-service Running worker pods on its settings (no kubelet: a publisher sends their Celery
+heartbeats and task events). The emulated Kubernetes API runs in this process, the operator in its own (its CPU, RSS and
 threads are its own), RabbitMQ at $AMQP_URL in a vhost of the bench's (removed afterwards; the management
 API is needed). Printed, in order:
 
@@ -13,8 +14,10 @@ API is needed). Printed, in order:
   celery_event_operator_status_pass_timestamp_seconds), and services with a connected events consumer
   (their MonitoringReady condition);
 - the operator's AMQP connections and channels (every one of its connections, consumers included);
-- its threads and RSS; its CPU while idle (no events, no changes) over --idle-seconds; the Kubernetes
-  API writes per minute over the same time;
+- its threads and RSS; its CPU while idle (no changes; the worker pods heartbeat as Celery's do, every 2 s)
+  over --idle-seconds; the Kubernetes API writes per minute over the same time;
+- the Kubernetes API writes per minute under a changing load: each service's first pod runs a long task for
+  30 s out of every 60 s (its deletion cost goes up and down), over --idle-seconds;
 - events/s ingested while a generator publishes to --ingest-services services at once, beside the
   figure for one service in the same run.
 """
@@ -44,10 +47,16 @@ from tests.support.operator_process import OperatorProcess
 
 from celery_event_operator import naming
 from celery_event_operator.api import crd
+from celery_event_operator.api.metadata import HASH_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.api.models import parse_spec
+from celery_event_operator.injection import settings
 from celery_event_operator.monitoring import frames
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+PODS = "/api/v1/namespaces/default/pods"
+HEARTBEAT_SECONDS = 2.0  # Celery's
+LOAD_PERIOD_SECONDS = 60.0  # the changing load: a long task for the first half of each period
 INTERVAL = 15  # statusIntervalSeconds: the default
 BASIC_PUBLISH = (60, 40)
 
@@ -93,6 +102,57 @@ def deployment(index: int) -> dict[str, Any]:
             "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "w", "image": "w"}]}},
         },
     }
+
+
+def pod_name(index: int, number: int) -> str:
+    return f"{name(index)}-worker-{number}"
+
+
+def pod(index: int, number: int, queue_type: str) -> dict[str, Any]:
+    """A Running worker pod as the API server keeps it after the webhook (the service's settings hash)."""
+    config_hash = settings.config_hash(settings.render(name(index), parse_spec(service(index, queue_type)["spec"])))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(index, number),
+            "labels": {"app": name(index), SERVICE_LABEL: name(index)},
+            "annotations": {HASH_ANNOTATION: config_hash},
+        },
+        "spec": {"containers": [{"name": "w", "image": "w"}]},
+        "status": {"phase": "Running", "podIP": f"10.{index // 250}.{index % 250}.{number + 1}"},
+    }
+
+
+def worker_events(url: str, services: list[str], pods_per_service: int, load: bool, stop: Any) -> None:
+    """Celery's worker events of every pod until `stop`: heartbeats every 2 s; with `load`, the first pod of each
+    service starts a long task at the start of each period and ends it half-way (task-started, task-succeeded)."""
+    with Connection(url) as connection:
+        client = connection.connection
+        channel = client.channel()
+        client.transport.sock.settimeout(None)
+        started = time.monotonic()
+        running = False
+        while not stop.is_set():
+            period_at = (time.monotonic() - started) % LOAD_PERIOD_SECONDS
+            busy = load and period_at < LOAD_PERIOD_SECONDS / 2
+            framed = []
+            for service_name in services:
+                exchange = naming.event_exchange_name(service_name)
+                for number in range(pods_per_service):
+                    hostname = f"celery@{service_name}-worker-{number}"
+                    events = [{"type": "worker-heartbeat", "hostname": hostname, "active": int(busy and number == 0)}]
+                    if number == 0 and busy != running:
+                        kind = "task-started" if busy else "task-succeeded"
+                        events.append(
+                            {"type": kind, "hostname": hostname, "uuid": f"{service_name}-long", "runtime": 30.0}
+                        )
+                    for event in events:
+                        body = json.dumps({**event, "timestamp": time.time()}).encode()
+                        framed.append(publish_frames(channel.channel_id, exchange, body))
+            running = busy
+            client.transport.write(b"".join(framed))
+            stop.wait(HEARTBEAT_SECONDS)
 
 
 def conditions_true(api: EmulatedApi, kind: str) -> int:
@@ -221,6 +281,30 @@ def report_steady_state(
     operator: OperatorProcess,
     management: rabbitmq.Management,
     vhost: str,
+    *,
+    url: str,
+    args: argparse.Namespace,
+) -> None:
+    if not args.pods_per_service:
+        measure_steady_state(api, operator, management, vhost, args)
+        return
+    stop = multiprocessing.Event()
+    heartbeats = multiprocessing.Process(
+        target=worker_events, args=(url, [name(i) for i in range(args.services)], args.pods_per_service, False, stop)
+    )
+    heartbeats.start()
+    try:
+        measure_steady_state(api, operator, management, vhost, args)
+    finally:
+        stop.set()
+        heartbeats.join()
+
+
+def measure_steady_state(
+    api: EmulatedApi,
+    operator: OperatorProcess,
+    management: rabbitmq.Management,
+    vhost: str,
     args: argparse.Namespace,
 ) -> None:
     time.sleep(2 * INTERVAL)  # every status refreshed at least once
@@ -245,6 +329,48 @@ def report_steady_state(
         f"idle CPU:             {100 * (cpu1 - cpu0) / (minutes * 60):.1f} % of one core over {args.idle_seconds:.0f}s"
     )
     print(f"API writes at rest:   {(api_revision(api) - revision0) / minutes:.1f} per minute")
+    print(f"stuck workers:        {conditions_false(api, 'WorkersHealthy')} services report some")
+
+
+def report_changing_load(api: EmulatedApi, url: str, args: argparse.Namespace) -> None:
+    """API writes per minute while each service's first pod runs a long task half of the time."""
+    stop = multiprocessing.Event()
+    load = multiprocessing.Process(
+        target=worker_events, args=(url, [name(i) for i in range(args.services)], args.pods_per_service, True, stop)
+    )
+    load.start()
+    try:
+        time.sleep(LOAD_PERIOD_SECONDS / 2)  # the first long tasks pass 10 s: costs go up
+        revision0, at0 = api_revision(api), time.monotonic()
+        patched0 = cost_annotated(api)
+        time.sleep(max(args.idle_seconds, LOAD_PERIOD_SECONDS))
+        minutes = (time.monotonic() - at0) / 60
+        print(
+            f"API writes, changing load: {(api_revision(api) - revision0) / minutes:.1f} per minute "
+            f"({args.services} pods' deletion cost up and down every {LOAD_PERIOD_SECONDS:.0f} s; "
+            f"{patched0} annotated at the start)"
+        )
+    finally:
+        stop.set()
+        load.join()
+
+
+def cost_annotated(api: EmulatedApi) -> int:
+    return sum(
+        1
+        for item in api.client.get(PODS)["items"]
+        if (item["metadata"].get("annotations") or {}).get("controller.kubernetes.io/pod-deletion-cost")
+        not in (None, "0")
+    )
+
+
+def conditions_false(api: EmulatedApi, kind: str) -> int:
+    return sum(
+        1
+        for item in api.client.get(CES)["items"]
+        for c in (item.get("status") or {}).get("conditions", [])
+        if c["type"] == kind and c["status"] == "False"
+    )
 
 
 def main() -> int:
@@ -254,6 +380,7 @@ def main() -> int:
     parser.add_argument("--ingest-services", type=int, default=100)
     parser.add_argument("--ingest-events", type=int, default=100_000)
     parser.add_argument("--idle-seconds", type=float, default=60)
+    parser.add_argument("--pods-per-service", type=int, default=2, help="0: no pods (and no worker events)")
     parser.add_argument("--resync-seconds", type=float, default=30)
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
@@ -279,6 +406,8 @@ def main() -> int:
             )
             for index in range(args.services):
                 api.client.create(DEPLOYMENTS, deployment(index))
+                for number in range(args.pods_per_service):
+                    api.client.create(PODS, pod(index, number, queue_type_of(index, args.queue_type)))
             operator = OperatorProcess(
                 api.kubeconfig, workdir / "operator.log", resync_seconds=args.resync_seconds, verbose=False
             ).start()
@@ -294,7 +423,9 @@ def main() -> int:
                     time.sleep(1)
                 print(f"all Ready:            {time.monotonic() - started:.1f}s")
 
-                report_steady_state(api, operator, management, vhost, args)
+                report_steady_state(api, operator, management, vhost, url=url, args=args)
+                if args.pods_per_service:
+                    report_changing_load(api, url, args)
                 single, single_cpu, single_broker = ingest(operator, url, [name(0)], args.ingest_events)
                 many, many_cpu, many_broker = ingest(
                     operator, url, [name(i) for i in range(args.ingest_services)], args.ingest_events

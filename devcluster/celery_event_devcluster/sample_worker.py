@@ -16,10 +16,11 @@ import aiohttp
 import yaml
 
 from celery_event_devcluster import kubelet
-from celery_event_operator import service_status
+from celery_event_operator.api.metadata import HASH_ANNOTATION
 from celery_event_operator.errors import InvalidSpecError
 from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings
+from celery_event_operator.service import spec as specs
 
 POD_NAME = "billing-worker-dev"
 POD_PATH = f"/api/v1/namespaces/default/pods/{POD_NAME}"
@@ -66,7 +67,7 @@ async def _configured_pod(server_url: str, examples: pathlib.Path) -> tuple[dict
         body = await _get(session, SERVICE_PATH)
         if body is None:
             raise LookupError("the sample CeleryEventService is missing")
-        validated = service_status.validate(body)
+        validated = specs.validate(body)
         name = settings.configmap_name(validated.service_name)
         rendered = settings.render(validated.service_name, validated.spec)
         while True:  # the operator writes it on its reconcile of this generation
@@ -139,7 +140,7 @@ async def _current_hash(server_url: str) -> str | None:
     if body is None:
         return None
     try:
-        validated = service_status.validate(body)
+        validated = specs.validate(body)
     except InvalidSpecError:
         return None
     return settings.config_hash(settings.render(validated.service_name, validated.spec))
@@ -164,7 +165,7 @@ async def running(
         pod, data = await _configured_pod(server_url, examples)
         env = kubelet.container_environment(pod, lambda *_: broker_url, lambda *_: data, state_dir / "settings")
         env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
-        return _start(env, examples / "app", log), pod["metadata"]["annotations"][settings.HASH_ANNOTATION]
+        return _start(env, examples / "app", log), pod["metadata"]["annotations"][HASH_ANNOTATION]
 
     processes, running_hash = await start()
 

@@ -7,10 +7,13 @@ operator into pods labelled `celeryevents.io/service: billing`; run it with the 
 
 import logging
 import os
+import time
 
 from celery_event_operator.runtime import events_app
 
 logger = logging.getLogger(__name__)
+# How long invoicing takes (0 by default); the e2e suite makes it long, to see a busy pod outlive a scale-down.
+INVOICE_SECONDS = float(os.environ.get("BILLING_INVOICE_SECONDS") or 0)
 app = events_app()  # settings injected by the operator (see examples/billing-worker.yaml)
 
 
@@ -38,6 +41,7 @@ def invoice_order(self, order_id: int, amount_cents: int) -> None:
     if order_id % 3 == 0 and self.request.retries < 3:
         raise PaymentProviderTimeout(f"order {order_id}, attempt {self.request.retries + 1}")
     logger.info("invoicing order %s: %s cents", order_id, amount_cents)
+    time.sleep(INVOICE_SECONDS)
 
 
 @app.handler("orders.order.cancelled")

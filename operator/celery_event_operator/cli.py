@@ -136,17 +136,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _service_and_broker(args: argparse.Namespace, name: str) -> tuple[str, Any, Any]:
     """(serviceName, its spec or None, its broker's control connection): through the Kubernetes API (the
     resource and its Secret), or from --broker-url."""
-    from celery_event_operator import service_status
     from celery_event_operator.broker import address as broker_address
     from celery_event_operator.broker.control import ControlConnection
     from celery_event_operator.broker.secret import read_settings
     from celery_event_operator.broker.tls import TlsFiles
     from celery_event_operator.kubeapi import KubeApi
+    from celery_event_operator.service import spec as specs
 
     if args.broker_url and getattr(args, "no_cluster", False):
         return name, None, ControlConnection(broker_address.parse(args.broker_url))
     kube = KubeApi.from_environment()
-    validated = service_status.validate(kube.read_service(args.namespace, name))
+    validated = specs.validate(kube.read_service(args.namespace, name))
     spec = validated.spec
     if args.broker_url:
         address = broker_address.parse(

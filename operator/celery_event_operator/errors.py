@@ -4,46 +4,77 @@ Every such error derives from `OperatorError`, whose message is written to be sh
 (a Secret, a queue, a host) and never carries a credential or the content of a Secret. Causes are
 chained (`raise ... from exc`) only where the cause is as safe to show; a library's exception that
 may echo a URL or a password is summarised through `broker.address.redact` and not chained.
+
+Each error carries the status reason it is reported under (`reason`), as kopf's errors carry their
+behaviour: a failure is mapped to a condition in one place, by its class.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class OperatorError(Exception):
     """An error whose message is safe to show to the resource's users."""
 
+    reason: ClassVar[str] = "Failed"
+
 
 class InvalidSpecError(OperatorError, ValueError):
-    """The resource's spec cannot be acted on (status reason `InvalidSpec`)."""
+    """The resource's spec cannot be acted on."""
+
+    reason = "InvalidSpec"
+
+
+class ImmutableFieldChangedError(InvalidSpecError):
+    """An immutable field differs from what the operator accepted first (nothing is touched)."""
+
+    reason = "ImmutableFieldChanged"
 
 
 class BrokerSecretError(OperatorError):
-    """The broker Secret is missing, unreadable or holds no usable URL (status reason `BrokerSecretInvalid`)."""
+    """The broker Secret is missing, unreadable or holds no usable URL."""
+
+    reason = "BrokerSecretInvalid"
 
 
 class BrokerUnavailableError(OperatorError):
-    """The broker cannot be reached or refused the login (status reason `BrokerUnreachable`)."""
+    """The broker cannot be reached or refused the login."""
+
+    reason = "BrokerUnreachable"
 
 
 class BrokerRefusedError(OperatorError):
-    """Connected, but the broker refused an operation, e.g. a missing permission (`BrokerRefused`)."""
+    """Connected, but the broker refused an operation, e.g. a missing permission."""
+
+    reason = "BrokerRefused"
 
 
 class UnsupportedOperationError(OperatorError):
     """The broker does not support what was asked of it, e.g. `if-empty` on a quorum queue."""
 
+    reason = "UnsupportedOperation"
+
 
 class ArchiveNotFoundError(OperatorError):
     """The service has no archive queue on the broker (archive disabled, another vhost or serviceName)."""
+
+    reason = "ArchiveNotFound"
 
 
 class ManagementUnavailableError(OperatorError):
     """The RabbitMQ management API did not answer (counts fall back to ready messages only)."""
 
+    reason = "ManagementUnavailable"
+
 
 class KubeError(OperatorError):
     """A Kubernetes API call failed; the message names the object, never its data."""
 
+    reason = "KubernetesAPIFailed"
+
 
 class NotFoundError(KubeError):
     """The object asked for does not exist."""
+
+    reason = "NotFound"

@@ -17,7 +17,8 @@ from typing import Any, ParamSpec, TypeVar
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from celery_event_operator.api.models import GROUP, PLURAL, VERSION
+from celery_event_operator.api.metadata import GROUP
+from celery_event_operator.api.models import PLURAL, VERSION
 from celery_event_operator.errors import BrokerSecretError, KubeError, NotFoundError
 
 # (API group, resource, verb) of every call the operator process makes; the chart's RBAC is tested
@@ -44,8 +45,10 @@ API_CALLS = (
     # pods for the metrics (a deleted pod's series go at once)
     ("", "pods", "list"),
     ("", "pods", "watch"),
-    # healing: a pod that runs without the current settings is evicted (PodDisruptionBudgets hold)
+    # healing: a pod that runs without the current settings, or a stuck worker, is evicted (PodDisruptionBudgets
+    # hold); the workers' deletion cost (controller.kubernetes.io/pod-deletion-cost) is kept on their pods
     ("", "pods/eviction", "create"),
+    ("", "pods", "patch"),
     # replicas (--peering): the kopf peering object, made by the first replica (kopf lists, watches and
     # patches it; a namespaced operator uses a KopfPeering per namespace, a cluster-wide one a ClusterKopfPeering)
     ("kopf.dev", "clusterkopfpeerings", "create"),
@@ -151,6 +154,15 @@ class KubeApi:
             for pod in pods.items
             if pod.metadata is not None and pod.metadata.deletion_timestamp is None
         ]
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        # Gone meanwhile (404): nothing to keep on it.
+        _unless_absent(
+            lambda: self._core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": annotations}}, _request_timeout=10
+            ),
+            f"cannot annotate pod {namespace}/{name}",
+        )
 
     def evict_pod(self, namespace: str, name: str) -> bool:
         """Evict through the Eviction API: True when evicted (or already gone), False when a

@@ -36,3 +36,15 @@ def event_exchange_name(service: str) -> str:
 def monitor_queue_name(service: str) -> str:
     """The operator's own queue of the service's Celery events (an event may not be named `celeryev`)."""
     return f"{service}.celeryev"
+
+
+# Set per worker pod by the webhook (the downward API): the loader names the worker's broker connections after its
+# pod, so the operator can tell which pod holds which consumer (many pods may share an address the broker sees).
+POD_NAME_ENV = "CELERY_EVENTS_POD_NAME"
+POD_NAMESPACE_ENV = "CELERY_EVENTS_POD_NAMESPACE"
+POD_CONNECTION_PREFIX = "celeryevents.io/pod="
+
+
+def pod_connection_name(namespace: str, pod: str) -> str:
+    """The client-provided name of a worker pod's broker connections."""
+    return f"{POD_CONNECTION_PREFIX}{namespace}/{pod}"

@@ -7,8 +7,7 @@ tells how long something has been broken, not when the operator last looked.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from celery_event_operator.api.models import Condition, ConditionStatus
 
@@ -20,7 +19,7 @@ def timestamp(moment: datetime.datetime) -> str:
 
 
 def updated(
-    existing: Iterable[Mapping[str, Any]],
+    existing: Iterable[Condition],
     *,
     type: str,
     status: ConditionStatus,
@@ -28,27 +27,26 @@ def updated(
     message: str,
     generation: int | None,
     now: datetime.datetime,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """The conditions with `type` set; other conditions are kept as they are, in their order."""
-    result: list[dict[str, Any]] = []
+    result: list[Condition] = []
     found = False
     for condition in existing:
-        if condition.get("type") != type:
-            result.append(dict(condition))
+        if condition.type != type:
+            result.append(condition)
             continue
         found = True
-        unchanged = condition.get("status") == status and "lastTransitionTime" in condition
-        since = condition["lastTransitionTime"] if unchanged else timestamp(now)
-        result.append(_render(type, status, reason, message, generation=generation, since=since))
+        since = condition.last_transition_time if condition.status == status else timestamp(now)
+        result.append(_condition(type, status, reason, message, generation=generation, since=since))
     if not found:
-        result.append(_render(type, status, reason, message, generation=generation, since=timestamp(now)))
+        result.append(_condition(type, status, reason, message, generation=generation, since=timestamp(now)))
     return result
 
 
-def _render(
+def _condition(
     type: str, status: ConditionStatus, reason: str, message: str, *, generation: int | None, since: str
-) -> dict[str, Any]:
-    condition = Condition(
+) -> Condition:
+    return Condition(
         type=type,
         status=status,
         reason=reason,
@@ -56,8 +54,7 @@ def _render(
         observed_generation=generation,
         last_transition_time=since,
     )
-    return condition.model_dump(by_alias=True, exclude_none=True)
 
 
-def find(conditions: Iterable[Mapping[str, Any]], type: str) -> Mapping[str, Any] | None:
-    return next((condition for condition in conditions if condition.get("type") == type), None)
+def find(conditions: Iterable[Condition], type: str) -> Condition | None:
+    return next((condition for condition in conditions if condition.type == type), None)

@@ -17,7 +17,6 @@ from pydantic.alias_generators import to_camel
 
 from celery_event_operator.errors import InvalidSpecError
 
-GROUP = "celeryevents.io"
 VERSION = "v1alpha1"
 KIND = "CeleryEventService"
 PLURAL = "celeryeventservices"
@@ -308,6 +307,36 @@ class Workers(Model):
     heal_after_seconds: Annotated[
         int,
         Field(ge=5, le=86_400, description="How long a pod may run without the current settings before it is evicted."),
+    ] = 120
+    set_deletion_cost: Annotated[
+        bool,
+        Field(
+            description=(
+                "Keep controller.kubernetes.io/pod-deletion-cost on the worker pods from the tasks they run (how long "
+                "their longest task has run), so that any scale-down of a Deployment removes idle workers first."
+            )
+        ),
+    ] = True
+    replace_stuck_workers: Annotated[
+        bool,
+        Field(
+            description=(
+                "Evict (one at a time, through the Eviction API) a worker that heartbeats but consumes from no handler "
+                "queue while messages wait, or whose heartbeats stopped while it is Running, after stuckAfterSeconds. "
+                "Stuck workers are reported either way (needs monitoring.enabled)."
+            )
+        ),
+    ] = True
+    stuck_after_seconds: Annotated[
+        int,
+        Field(
+            ge=5,
+            le=86_400,
+            description=(
+                "How long a worker may go without heartbeats, or without consuming while messages wait, before it is "
+                "stuck (with Celery's solo pool a task blocks heartbeats: above the longest task)."
+            ),
+        ),
     ] = 120
 
 

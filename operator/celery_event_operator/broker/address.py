@@ -42,6 +42,8 @@ URL_FORM = (
 class ManagementURLRejectedError(OperatorError):
     """An explicit management API URL that would send the credentials to another host, or in clear text."""
 
+    reason = "ManagementURLRejected"
+
 
 @dataclasses.dataclass(frozen=True)
 class Endpoint:

@@ -12,8 +12,9 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.injection import pod, settings
-from celery_event_operator.service_keeper import Context
+from celery_event_operator.api.metadata import SERVICE_LABEL, WARNING_ANNOTATION
+from celery_event_operator.flow.context import Context
+from celery_event_operator.injection import pod
 
 WEBHOOK_ID = "inject-celery-settings"
 
@@ -22,12 +23,12 @@ async def inject_settings(
     body: kopf.Body, patch: kopf.Patch, warnings: list[str], logger: kopf.Logger, memo: kopf.Memo, **_: Any
 ) -> None:
     namespace = body.metadata.namespace
-    service = body.metadata.labels[settings.SERVICE_LABEL]
+    service = body.metadata.labels[SERVICE_LABEL]
     context: Context = memo.context
     found = await context.injections.find(namespace or "", service)
     if not found:
         message = pod.unknown_service_warning(service, namespace or "")
-        patch.metadata.annotations[pod.WARNING_ANNOTATION] = message
+        patch.metadata.annotations[WARNING_ANNOTATION] = message
         warnings.append(message)
         logger.warning(message)
         return
@@ -45,6 +46,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
         "pods",
         id=WEBHOOK_ID,
         operation="CREATE",
-        labels={settings.SERVICE_LABEL: kopf.PRESENT},
+        labels={SERVICE_LABEL: kopf.PRESENT},
         registry=registry,
     )(inject_settings)

@@ -1,39 +1,48 @@
 """The pods of every service, indexed (their settings hash counts for WorkersConfigured; their names keep
-the metric series of live workers), and the series of a deleted pod removed at once."""
+the metric series of live workers; their address, phase and deletion cost serve the workers' lifecycle), and
+the series of a deleted pod removed at once."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
 
-from celery_event_operator.injection.settings import HASH_ANNOTATION, SERVICE_LABEL
-
-ServicePods = Callable[[str], list[tuple[str, str | None]]]  # serviceName → (pod name, its settings hash)
+from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION, HASH_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.service.pods import PodsOf, WorkerPod
 
 
 @kopf.index("v1", "pods", labels={SERVICE_LABEL: kopf.PRESENT})
 def pods_by_service(
+    *,
     namespace: str | None,
     name: str | None,
     labels: kopf.Labels,
     annotations: kopf.Annotations,
     meta: kopf.Meta,
+    status: kopf.Status,
     **_: Any,
-) -> dict[tuple[str | None, str], tuple[str | None, str | None]]:
-    if meta.get("deletionTimestamp"):
+) -> dict[tuple[str | None, str], WorkerPod]:
+    if meta.get("deletionTimestamp") or name is None:
         return {}  # terminating: no longer one of the service's workers
-    return {(namespace, labels[SERVICE_LABEL]): (name, annotations.get(HASH_ANNOTATION))}
+    pod = WorkerPod(
+        name,
+        annotations.get(HASH_ANNOTATION),
+        ip=status.get("podIP") or None,
+        running=status.get("phase") == "Running",
+        deletion_cost=annotations.get(DELETION_COST_ANNOTATION),
+    )
+    return {(namespace, labels[SERVICE_LABEL]): pod}
 
 
-def service_pods(index: kopf.Index[Any, Any] | None, namespace: str | None) -> ServicePods:
+def service_pods(index: kopf.Index[Any, Any] | None, namespace: str | None) -> PodsOf:
     """A view of the index for one namespace (kopf keeps the index current; the view reads it when called)."""
 
-    def pods(service: str) -> list[tuple[str, str | None]]:
-        found: Iterable[tuple[str | None, str | None]] = index.get((namespace, service), []) if index else []
-        return [(name, config_hash) for name, config_hash in found if name is not None]
+    def pods(service: str) -> list[WorkerPod]:
+        found: Iterable[WorkerPod] = index.get((namespace, service), []) if index else []
+        return list(found)
 
     return pods
 

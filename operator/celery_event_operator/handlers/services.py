@@ -1,4 +1,4 @@
-"""The CeleryEventService resource: each one kept true by its ServiceKeeper (service_keeper.py).
+"""The CeleryEventService resource: each one kept true by its ServiceKeeper (flow/keeper.py).
 
 The change handlers reconcile at once (create, spec change, operator start); the resource's one daemon
 resyncs the topology, refreshes queue lengths and autoscales on its own schedule, and holds its events
@@ -12,12 +12,13 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator import service_status
-from celery_event_operator.api.models import GROUP, PLURAL, VERSION
+from celery_event_operator.api.metadata import GROUP
+from celery_event_operator.api.models import PLURAL, VERSION
+from celery_event_operator.errors import BrokerUnavailableError
+from celery_event_operator.flow.keeper import ServiceKeeper
 from celery_event_operator.handlers.monitoring import service_pods
 from celery_event_operator.options import OperatorOptions
-from celery_event_operator.service_keeper import ServiceKeeper
-from celery_event_operator.service_status import EventNote
+from celery_event_operator.service.conclusion import EventNote, conclude_deletion
 
 DELETE_RETRIES = 10
 DELETE_BACKOFF_SECONDS = 15.0
@@ -88,7 +89,7 @@ async def delete_service_entities(body: kopf.Body, memo: kopf.Memo, logger: kopf
     outcome = await keeper.delete_entities(body)
     if outcome is None:
         return  # never acted on: nothing of it is on the broker
-    if outcome.failure == "BrokerUnreachable" and retry < DELETE_RETRIES - 1:
-        logger.warning("%s; deletion retried in %.0fs", outcome.failure_message, DELETE_BACKOFF_SECONDS)
-        raise kopf.TemporaryError(outcome.failure_message, delay=DELETE_BACKOFF_SECONDS)
-    keeper.post(service_status.conclude_deletion(outcome))
+    if isinstance(outcome.failure, BrokerUnavailableError) and retry < DELETE_RETRIES - 1:
+        logger.warning("%s; deletion retried in %.0fs", outcome.failure, DELETE_BACKOFF_SECONDS)
+        raise kopf.TemporaryError(str(outcome.failure), delay=DELETE_BACKOFF_SECONDS)
+    keeper.post(conclude_deletion(outcome))

@@ -10,14 +10,9 @@ from typing import Any
 import kopf
 
 from celery_event_operator import certs
-from celery_event_operator.api.models import GROUP
+from celery_event_operator.api.metadata import FINALIZER, KOPF_ANNOTATION_PREFIX
+from celery_event_operator.flow.context import Context
 from celery_event_operator.options import PEERING_LIFETIME_SECONDS, OperatorOptions, WebhookOptions
-from celery_event_operator.service_keeper import Context
-
-# kopf keeps its progress and diff-base in annotations under our group, so `status` holds only
-# the fields of our schema (a strict status schema would prune kopf's own fields anyway).
-ANNOTATION_PREFIX = GROUP
-FINALIZER = f"{GROUP}/finalizer"
 
 
 @kopf.on.startup()
@@ -47,9 +42,11 @@ def webhook_server(options: WebhookOptions) -> kopf.WebhookServer:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    # kopf keeps its progress and diff-base in annotations under our group, so `status` holds only
+    # the fields of our schema (a strict status schema would prune kopf's own fields anyway).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = FINALIZER
     # Our own Events say what went wrong; kopf's per-handler chatter stays in the log.

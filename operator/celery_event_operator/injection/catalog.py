@@ -15,10 +15,10 @@ import logging
 import time
 from typing import Any
 
-from celery_event_operator import service_status
 from celery_event_operator.errors import InvalidSpecError, KubeError
 from celery_event_operator.injection import pod, settings
 from celery_event_operator.kubeapi import AsyncKubeApi
+from celery_event_operator.service import spec as specs
 
 REFRESH_SECONDS = 5.0
 MISS_REFRESH_SECONDS = 1.0
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 def injection_of(body: dict[str, Any]) -> pod.Injection | None:
     """What a service's pods get; None for an invalid service (its pods are admitted unchanged)."""
     try:
-        validated = service_status.validate(body)
+        validated = specs.validate(body)
     except InvalidSpecError:
         return None
     ref = validated.spec.broker.secret_ref
@@ -55,7 +55,7 @@ class InjectionCatalog:
         self._kube = kube
         self._namespaces: dict[str, _Namespace] = {}
         # A generation's spec never changes: rendered once, however many pods and re-reads.
-        self._by_generation = service_status.GenerationCache[pod.Injection | None]()
+        self._by_generation = specs.GenerationCache[pod.Injection | None]()
 
     async def find(self, namespace: str, service: str) -> pod.Injection | None:
         known = self._namespaces.setdefault(namespace, _Namespace())

@@ -1,16 +1,16 @@
-"""Which pod of a service to evict because it runs without the current settings (pure).
+"""Which pod of a service to evict because it runs without the current settings, or is stuck (pure).
 
 A pod admitted while the webhook could not answer (operator down, certificate changing) runs on Celery's
 defaults for good; a pod with an old settings hash stays old when its rollout stalled. Such a pod is evicted
 after a grace period, one at a time: the next only once the last evicted pod is gone, and not faster than
 PACE_SECONDS, and the number of pods back where it was (its replacement, admitted through the webhook, is up)
-or a grace period passed.
+or a grace period passed. A stuck worker (lifecycle/stuck.py) goes the same way, one at a time, first.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 PACE_SECONDS = 10.0
 
@@ -34,29 +34,40 @@ class HealingStep:
 def next_step(
     memory: HealingMemory,
     pods: Iterable[tuple[str, str | None]],
-    config_hash: str,
+    config_hash: str | None,
     *,
     heal_old: bool,
     now: float,
     grace_seconds: float,
+    stuck: Mapping[str, str] | None = None,
 ) -> HealingStep:
-    """`pods`: (name, settings hash) of the service's live pods. Updates `memory`."""
+    """`pods`: (name, settings hash) of the service's live pods; `config_hash` None: pods without the current
+    settings are left alone; `stuck`: pods found stuck (pod → why), due at once. Updates `memory`."""
     live = dict(pods)
-    stale = {name: found for name, found in live.items() if found is None or (heal_old and found != config_hash)}
+    stale = {
+        name: found
+        for name, found in live.items()
+        if config_hash is not None and (found is None or (heal_old and found != config_hash))
+    }
     memory.stale_since = {name: memory.stale_since.get(name, now) for name in stale}
     replacement_pending = len(live) < memory.pods_at_eviction and now - memory.evicted_at < grace_seconds
     if memory.evicted in live or replacement_pending or now - memory.evicted_at < PACE_SECONDS:
         return HealingStep(None, "")  # one at a time: the last one gone and replaced first
-    due = [name for name, since in memory.stale_since.items() if now - since >= grace_seconds]
-    if not due:
-        return HealingStep(None, "")
-    pod = min(due, key=lambda name: (memory.stale_since[name], name))
-    found = stale[pod]
-    why = (
-        "it runs without the service's settings (admitted while the webhook did not answer)"
-        if found is None
-        else f"it runs settings {found}, not the current {config_hash}"
-    )
+    stuck_due = sorted(name for name in stuck or {} if name in live)
+    if stuck_due:
+        pod = stuck_due[0]
+        why = f"the worker is stuck: {(stuck or {})[pod]}"
+    else:
+        due = [name for name, since in memory.stale_since.items() if now - since >= grace_seconds]
+        if not due:
+            return HealingStep(None, "")
+        pod = min(due, key=lambda name: (memory.stale_since[name], name))
+        found = stale[pod]
+        why = (
+            "it runs without the service's settings (admitted while the webhook did not answer)"
+            if found is None
+            else f"it runs settings {found}, not the current {config_hash}"
+        )
     memory.evicted, memory.evicted_at, memory.pods_at_eviction = pod, now, len(live)
     return HealingStep(pod, why)
 

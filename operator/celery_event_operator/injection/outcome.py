@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class WorkersOutcome:
     config_hash: str
     configmap_error: str | None = None
     target_error: str | None = None
@@ -14,3 +15,11 @@ class Outcome:
     pods: int = 0
     pods_current: int = 0
     heal_after_seconds: int | None = None  # pods without the current settings are evicted after this long
+
+
+def count_pods(config_hash: str, pod_hashes: Iterable[str | None]) -> WorkersOutcome:
+    """How many of the service's pods run with the current settings."""
+    hashes = list(pod_hashes)
+    return WorkersOutcome(
+        config_hash, pods=len(hashes), pods_current=sum(1 for found in hashes if found == config_hash)
+    )

@@ -12,13 +12,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from celery_event_operator.injection.settings import HASH_ANNOTATION, LOADER_MODULE, MOUNT_PATH, SETTINGS_FILE
-from celery_event_operator.naming import SOFT_SHUTDOWN_ENV
+from celery_event_operator.api.metadata import HASH_ANNOTATION
+from celery_event_operator.injection.settings import LOADER_MODULE, MOUNT_PATH, SETTINGS_FILE
+from celery_event_operator.naming import POD_NAME_ENV, POD_NAMESPACE_ENV, SOFT_SHUTDOWN_ENV
 
 VOLUME_NAME = "celeryevents-settings"
 DEFAULT_GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds
 SHUTDOWN_MARGIN_SECONDS = 5
-WARNING_ANNOTATION = "celeryevents.io/injection-warning"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,9 @@ def _environment(injection: Injection, pod: Mapping[str, Any]) -> list[dict[str,
         # left is handed back to the broker (acks are late) instead of dying with the SIGKILL.
         {"name": "REMAP_SIGTERM", "value": "SIGQUIT"},
         {"name": SOFT_SHUTDOWN_ENV, "value": str(soft_shutdown_seconds(pod))},
+        # The loader names the worker's broker connections after its pod (see naming.pod_connection_name).
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": POD_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import string
 from typing import Any
 
 from celery_event_operator import naming
@@ -21,19 +22,33 @@ from celery_event_operator.worker_settings import ROBUST_CELERY_SETTINGS
 MOUNT_PATH = "/etc/celery-events"
 SETTINGS_FILE = "settings.json"
 LOADER_MODULE = "celeryevents_settings"
-HASH_ANNOTATION = "celeryevents.io/config-hash"
-SERVICE_LABEL = "celeryevents.io/service"
 
 # The fixed loader: a config module for CELERY_CONFIG_MODULE that reads the JSON beside it.
-LOADER_SOURCE = '''"""Celery settings injected by celery-event-operator (generated data lives in settings.json)."""
+LOADER_SOURCE = string.Template(
+    '''\
+"""Celery settings injected by celery-event-operator (generated data lives in settings.json)."""
 import json as _json
 import os as _os
 
 with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "settings.json")) as _file:
     globals().update(_json.load(_file)["celery"])
 # Per pod (its grace period), so from the pod's env, not from the service's settings.
-worker_soft_shutdown_timeout = float(_os.environ.get("{SOFT_SHUTDOWN_ENV}") or 0)
-'''.replace("{SOFT_SHUTDOWN_ENV}", naming.SOFT_SHUTDOWN_ENV)
+worker_soft_shutdown_timeout = float(_os.environ.get("$soft_shutdown") or 0)
+# The worker's broker connections are named after its pod: the operator finds which pod holds which consumer.
+if _os.environ.get("$pod_name"):
+    broker_transport_options = dict(
+        broker_transport_options,
+        client_properties={
+            "connection_name": "$prefix" + _os.environ.get("$pod_namespace", "") + "/" + _os.environ["$pod_name"]
+        },
+    )
+'''
+).substitute(
+    soft_shutdown=naming.SOFT_SHUTDOWN_ENV,
+    pod_name=naming.POD_NAME_ENV,
+    pod_namespace=naming.POD_NAMESPACE_ENV,
+    prefix=naming.POD_CONNECTION_PREFIX,
+)
 
 
 def configmap_name(service: str) -> str:

@@ -6,10 +6,11 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from celery_event_operator.api.metadata import HASH_ANNOTATION, SERVICE_LABEL
 from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.errors import KubeError
 from celery_event_operator.injection import settings as rendering
-from celery_event_operator.injection.outcome import Outcome
+from celery_event_operator.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.kubeapi import AsyncKubeApi
 
 
@@ -20,7 +21,7 @@ def configmap_body(name: str, owner: dict[str, Any], service: str, data: dict[st
         "kind": "ConfigMap",
         "metadata": {
             "name": name,
-            "labels": {rendering.SERVICE_LABEL: service, "app.kubernetes.io/managed-by": "celery-event-operator"},
+            "labels": {SERVICE_LABEL: service, "app.kubernetes.io/managed-by": "celery-event-operator"},
             # Owned by the resource: deleting the service deletes its settings.
             "ownerReferences": [
                 {
@@ -44,7 +45,7 @@ async def sync(
     service: str,
     spec: CeleryEventServiceSpec,
     pod_hashes: Iterable[str | None],
-) -> Outcome:
+) -> WorkersOutcome:
     """The settings ConfigMap and the rollout stamp made current; `pod_hashes`: the settings hash each live pod
     of the service carries (from the operator's index of pods: no listing)."""
     namespace = owner["metadata"]["namespace"]
@@ -58,7 +59,7 @@ async def sync(
             body = configmap_body(name, owner, service, data)
             await kube.call(kube.api.write_configmap, namespace, body, exists=current is not None)
     except KubeError as exc:
-        return Outcome(config_hash, configmap_error=str(exc))
+        return WorkersOutcome(config_hash, configmap_error=str(exc))
 
     target_error = stamped = None
     if spec.workers is not None and spec.workers.rollout_on_change:
@@ -67,21 +68,15 @@ async def sync(
             annotations = await kube.call(kube.api.read_template_annotations, namespace, target.kind, target.name)
             if annotations is None:
                 target_error = f"{target.kind} {namespace}/{target.name} (workers.scaleTargetRef) does not exist"
-            elif annotations.get(rendering.HASH_ANNOTATION) != config_hash:
+            elif annotations.get(HASH_ANNOTATION) != config_hash:
                 await kube.call(
                     kube.api.annotate_template,
                     namespace,
                     target.kind,
                     target.name,
-                    {rendering.HASH_ANNOTATION: config_hash},
+                    {HASH_ANNOTATION: config_hash},
                 )
                 stamped = f"{target.kind}/{target.name}"
         except KubeError as exc:
             target_error = str(exc)
     return dataclasses.replace(count_pods(config_hash, pod_hashes), target_error=target_error, stamped=stamped)
-
-
-def count_pods(config_hash: str, pod_hashes: Iterable[str | None]) -> Outcome:
-    """How many of the service's pods run with the current settings (pure)."""
-    hashes = list(pod_hashes)
-    return Outcome(config_hash, pods=len(hashes), pods_current=sum(1 for found in hashes if found == config_hash))

@@ -153,6 +153,11 @@ class EventsCollector(Collector):
             "The worker replicas wanted: the autoscaler's or spec.workers.replicas, else the workload's own.",
             labels=SERVICE_LABELS,
         )
+        stuck = GaugeMetricFamily(
+            "celery_event_operator_stuck_workers",
+            "Running worker pods that heartbeat but consume nothing while messages wait, or stopped heartbeating.",
+            labels=SERVICE_LABELS,
+        )
         consumer_up = GaugeMetricFamily(
             "celery_event_operator_events_consumer_up",
             "1 while the service's events consumer consumes; 0 while it is not (its series then stand still).",
@@ -198,9 +203,21 @@ class EventsCollector(Collector):
                 replicas.add_metric(service, metrics.replicas)
             if metrics.desired_replicas is not None:
                 desired_replicas.add_metric(service, metrics.desired_replicas)
+            if metrics.stuck_workers is not None:
+                stuck.add_metric(service, metrics.stuck_workers)
         yield from tasks.values()
         yield from (runtime, queue_wait, up, active, *queue_families.values(), consumers)
-        yield from (replicas, desired_replicas, consumer_up, consumed, malformed, dropped, reconciles, status_pass)
+        yield from (
+            replicas,
+            desired_replicas,
+            stuck,
+            consumer_up,
+            consumed,
+            malformed,
+            dropped,
+            reconciles,
+            status_pass,
+        )
 
 
 def serve_metrics(metrics: MetricsRegistry, port: int, addr: str) -> None:

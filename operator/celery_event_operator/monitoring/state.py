@@ -16,9 +16,13 @@ import re
 from collections.abc import Iterable
 from typing import Any, TypeGuard
 
+from celery_event_operator.monitoring.running import RunningTasks
+
 # Events whose counters are exported as celery_task_<kind>_total.
 TASK_EVENT_KINDS = ("sent", "received", "started", "succeeded", "failed", "rejected", "revoked", "retried")
 WITH_EXCEPTION = frozenset({"failed", "retried"})
+# The kinds that end a task's run on its worker (a retried task runs again as a new task-started).
+ENDED_KINDS = frozenset({"succeeded", "failed", "rejected", "revoked", "retried"})
 # The kinds a worker sends: a task's first series of a worker brings the others at 0, as celery-exporter
 # does, so `failed / (failed + succeeded)` has both sides for a task that never succeeded.
 WORKER_KINDS = TASK_EVENT_KINDS[1:]
@@ -141,11 +145,13 @@ class ServiceMetrics:
         self.queue_consumers: dict[str, int] = {}
         self.replicas: int | None = None  # the workers' pods running, and their desired number (None: unknown)
         self.desired_replicas: int | None = None
+        self.stuck_workers: int | None = None  # None: not judged
         self.events_consumed = 0
         self.consumer_connected = False  # set by the events connection: is this service's consumer live?
         self.malformed = 0
         self.dropped = 0  # well-formed events of no interest (types we do not count)
         self._series_of: dict[str, set[tuple[str, Any]]] = collections.defaultdict(set)
+        self.running = RunningTasks()  # what each worker runs now: its pod's deletion cost
         self._tasks: collections.OrderedDict[str, TaskMemory] = collections.OrderedDict()
         self._tombstones: collections.OrderedDict[str, float] = collections.OrderedDict()
 
@@ -266,6 +272,14 @@ class ServiceMetrics:
             self._observe_runtime((task, worker, queue), event.get("runtime"))
         if uuid and kind in ("succeeded", "failed", "rejected", "revoked"):
             self._tasks.pop(uuid, None)  # done: no later event of it needs the name
+        if uuid and worker != GENERIC_WORKER:
+            self._track_running(kind, uuid, worker, now)
+
+    def _track_running(self, kind: str, uuid: str, worker: str, now: float) -> None:
+        if kind == "started":
+            self.running.started(uuid, worker, now)
+        elif kind in ENDED_KINDS:
+            self.running.ended(uuid)
 
     def _queue_of(self, task: str, kind: str, event: dict[str, Any]) -> str:
         """A handler's queue is known; task-sent's `queue` is Celery's router's guess (its default queue for a
@@ -302,10 +316,13 @@ class ServiceMetrics:
             active = event.get("active")
             if isinstance(active, int) and not isinstance(active, bool) and active >= 0:
                 self.worker_active[worker] = active
+                if active == 0:
+                    self.running.forget(worker)
         elif kind == "offline":
             self.worker_up[worker] = 0
             self.worker_active[worker] = 0
             self.last_heard[worker] = now
+            self.running.forget(worker)
         else:
             self.dropped += 1
 
@@ -322,6 +339,7 @@ class ServiceMetrics:
                 self.queue_wait.remove(key)
         for per_worker in (self.worker_up, self.worker_active, self.last_heard):
             per_worker.pop(worker, None)
+        self.running.forget(worker)
         self._tombstones[worker] = now
         while len(self._tombstones) > TOMBSTONES_KEPT:
             self._tombstones.popitem(last=False)

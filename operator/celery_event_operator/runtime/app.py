@@ -320,6 +320,16 @@ class EventsConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
         message.ack()
 
 
+def _named_after_pod(transport_options: dict[str, Any]) -> dict[str, Any]:
+    """The worker's broker connections named after its pod (set by the webhook), as the injected loader does: the
+    operator tells by it which pod holds which consumer."""
+    pod = os.environ.get(naming.POD_NAME_ENV)
+    if not pod:
+        return transport_options
+    name = naming.pod_connection_name(os.environ.get(naming.POD_NAMESPACE_ENV, ""), pod)
+    return {**transport_options, "client_properties": {"connection_name": name}}
+
+
 def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
     """A Celery app with the injected settings (or the operator's defaults without them)."""
     settings = load_settings()
@@ -336,10 +346,11 @@ def events_app(service_name: str | None = None, **overrides: Any) -> EventsApp:
         # Celery takes CELERY_BROKER_URL over any setting: the vhost override must go there.
         os.environ["CELERY_BROKER_URL"] = with_vhost(os.environ["CELERY_BROKER_URL"], events.vhost)
     app = EventsApp(events.service, events=events)
+    celery = {**ROBUST_CELERY_SETTINGS, **settings.get("celery", {})}
     app.config_from_object(
         {
-            **ROBUST_CELERY_SETTINGS,
-            **settings.get("celery", {}),
+            **celery,
+            "broker_transport_options": _named_after_pod(celery.get("broker_transport_options") or {}),
             "task_default_exchange": events.events_exchange,
             "worker_consumer": f"{EventsConsumer.__module__}:{EventsConsumer.__qualname__}",
             # Per pod (its grace period, set by the webhook): how long running tasks may finish after SIGTERM.

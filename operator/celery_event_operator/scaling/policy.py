@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from celery_event_operator.api.models import Autoscaling
+from celery_event_operator.api.models import Autoscaling, CeleryEventServiceSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,3 +66,32 @@ def seed(current: int, now: float) -> tuple[Recommendation, ...]:
     """A fresh history (e.g. after an operator restart): the current replicas count as recommended now,
     so no scale-down happens before a full window of evidence."""
     return (Recommendation(now, current),)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wish:
+    """The replicas a service's workers should have now, and why."""
+
+    replicas: int  # what the target should have now
+    recommended: int  # status.desiredReplicas
+    why: str
+    history: tuple[Recommendation, ...] | None  # the autoscaler's, to keep for the next decision
+
+
+def wish(
+    spec: CeleryEventServiceSpec,
+    queue_length: int,
+    current: int,
+    history: tuple[Recommendation, ...] | None,
+    now: float,
+    *,
+    counted: str,
+) -> Wish | None:
+    """The autoscaler's decision, else spec.workers.replicas; None when nothing is to be scaled."""
+    if spec.autoscaling.enabled:
+        decision = decide(queue_length, current, spec.autoscaling, history or seed(current, now), now)
+        return Wish(decision.replicas, decision.recommended, f"{decision.reason}; counted {counted}", decision.history)
+    if spec.workers is not None and spec.workers.replicas is not None:
+        replicas = spec.workers.replicas
+        return Wish(replicas, replicas, f"spec.workers.replicas is {replicas}", history)
+    return None

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
+from celery_event_operator.errors import OperatorError
 from celery_event_operator.topology.declared import Declared, Entity
 from celery_event_operator.topology.plan import QueueRole, Topology
-
-# BrokerSecretInvalid / ManagementURLRejected: the Secret (or its management URL) cannot be used.
-# BrokerUnreachable: no connection. BrokerRefused: connected, but the broker refused an operation (e.g. the
-# user lacks the permission to declare in the vhost). UnsupportedOperation: the broker cannot do what
-# was asked (e.g. `if-empty` on a quorum queue).
-FailureReason = Literal[
-    "BrokerSecretInvalid", "ManagementURLRejected", "BrokerUnreachable", "BrokerRefused", "UnsupportedOperation"
-]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,11 +44,13 @@ class Report:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class DeclareOutcome:
+    """A declare (or removal) of a service's topology: its report, or the failure that stopped it — the
+    Secret unusable, the broker unreachable, an operation refused or unsupported (each error's `reason`)."""
+
     topology: Topology
     broker: str | None = None  # host:port and vhost, for messages
-    failure: FailureReason | None = None
-    failure_message: str = ""
+    failure: OperatorError | None = None
     report: Report | None = None
 
 

@@ -11,6 +11,7 @@ import tempfile
 import urllib.parse
 from typing import Any
 
+import kubernetes
 import pytest
 from kombu.connection import Connection
 
@@ -18,9 +19,10 @@ from celery_event_operator import certs
 from celery_event_operator.broker import address as broker_address
 from celery_event_operator.broker.brokers import Brokers
 from celery_event_operator.broker.control import ControlConnection
-from celery_event_operator.broker.secret import BrokerSettings
+from celery_event_operator.broker.secret import BrokerSettings, SecretReader
 from celery_event_operator.broker.tls import TlsFiles, TlsMaterial
 from celery_event_operator.errors import BrokerUnavailableError, UnsupportedOperationError
+from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
 from celery_event_operator.topology import apply
 from celery_event_operator.topology.plan import Queue, Topology
 from tests.support import rabbitmq
@@ -108,7 +110,8 @@ def test_refused_declares_leak_no_channels(
 
 def test_brokers_are_shared_per_login_and_closed_when_no_service_uses_them(test_vhost_url: str) -> None:
     async def scenario() -> None:
-        brokers = Brokers()
+        kube = AsyncKubeApi(KubeApi(kubernetes.client.ApiClient()))  # the Secrets are not read here
+        brokers = Brokers(SecretReader(kube))
         address = broker_address.parse(test_vhost_url)
         settings = BrokerSettings(address, TlsMaterial(), address.management_url())
         other = BrokerSettings(
@@ -118,11 +121,12 @@ def test_brokers_are_shared_per_login_and_closed_when_no_service_uses_them(test_
         assert first is second
         assert brokers.acquire(other) is not first
         assert len(brokers) == 2
-        await brokers.release(first)
+        await brokers.release(first.key)
         assert len(brokers) == 2, "still used once"
-        await brokers.release(second)
+        await brokers.release(second.key)
         assert len(brokers) == 1
         await brokers.close_all()
+        kube.close()
 
     asyncio.run(scenario())
 

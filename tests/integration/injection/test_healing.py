@@ -10,7 +10,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from celery_event_operator.injection import settings as injection_settings
+from celery_event_operator.api import metadata
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import admitted, worker_pod
 from tests.support.kube import EmulatedApi, condition, eventually
@@ -19,8 +19,8 @@ from tests.support.waiting import stays
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 PODS = "/api/v1/namespaces/default/pods"
-HASH = injection_settings.HASH_ANNOTATION
-LABELS = {injection_settings.SERVICE_LABEL: "billing"}
+HASH = metadata.HASH_ANNOTATION
+LABELS = {metadata.SERVICE_LABEL: "billing"}
 
 
 def service(**workers: Any) -> dict[str, Any]:

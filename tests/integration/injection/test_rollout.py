@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from celery_event_operator.api import metadata
 from celery_event_operator.injection import settings as injection_settings
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.support.kube import EmulatedApi, condition, eventually
@@ -17,7 +18,7 @@ from tests.support.operator_process import OperatorProcess
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 CONFIGMAP = "/api/v1/namespaces/default/configmaps/billing-celery-events"
 DEPLOYMENT = "/apis/apps/v1/namespaces/default/deployments/billing-worker"
-HASH = injection_settings.HASH_ANNOTATION
+HASH = metadata.HASH_ANNOTATION
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def test_workers_configured_counts_pods_with_current_settings(kube_api: Emulated
             "kind": "Pod",
             "metadata": {
                 "name": name,
-                "labels": {injection_settings.SERVICE_LABEL: "billing"},
+                "labels": {metadata.SERVICE_LABEL: "billing"},
                 "annotations": {HASH: config_hash},
             },
             "spec": {"containers": [{"name": "worker", "image": "billing-worker"}]},

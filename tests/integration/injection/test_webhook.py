@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from celery_event_devcluster import jsonpatch
+from celery_event_operator.api import metadata
 from celery_event_operator.injection import pod as injection_pod
 from celery_event_operator.injection import settings as injection_settings
 from tests.conftest import billing_sample, create_broker_secret
@@ -82,9 +83,7 @@ def test_labelled_pod_gets_the_settings(kube_api: EmulatedApi, operator: Operato
     ]
     configmap = kube_api.client.get("/api/v1/namespaces/default/configmaps/billing-celery-events")
     settings = json.loads(configmap["data"]["settings.json"])
-    assert pod["metadata"]["annotations"][injection_settings.HASH_ANNOTATION] == injection_settings.config_hash(
-        settings
-    )
+    assert pod["metadata"]["annotations"][metadata.HASH_ANNOTATION] == injection_settings.config_hash(settings)
     assert "amqp://" not in json.dumps(pod), "the broker URL stays in its Secret"
 
 
@@ -118,6 +117,6 @@ def test_pod_of_an_unknown_service_is_admitted_with_a_warning(operator: Operator
     original = worker_pod({"celeryevents.io/service": "shipping"})
     pod, response = admitted(operator, original)
     assert pod["spec"] == original["spec"]
-    warning = pod["metadata"]["annotations"][injection_pod.WARNING_ANNOTATION]
+    warning = pod["metadata"]["annotations"][metadata.WARNING_ANNOTATION]
     assert "shipping" in warning
     assert response["warnings"] == [warning]

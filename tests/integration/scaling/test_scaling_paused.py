@@ -6,6 +6,7 @@ cluster; the queue lengths come from the real broker."""
 
 from __future__ import annotations
 
+import datetime
 import http.server
 import json
 import threading
@@ -15,14 +16,17 @@ from typing import Any
 import kubernetes
 import pytest
 
-from celery_event_operator import service_status
+from celery_event_operator.api.models import CeleryEventServiceStatus
 from celery_event_operator.broker import address as broker_address
 from celery_event_operator.broker.brokers import Broker
 from celery_event_operator.broker.secret import BrokerSettings
 from celery_event_operator.broker.tls import TlsMaterial
+from celery_event_operator.cluster import Cluster
+from celery_event_operator.flow import steps
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
-from celery_event_operator.scaling import queue_status
-from celery_event_operator.topology import plan
+from celery_event_operator.service import spec as specs
+from celery_event_operator.service.conclusion import Announced, conclude
+from celery_event_operator.service.observations import Observations
 from tests.conftest import billing_sample
 from tests.support.operator_process import free_port
 
@@ -51,30 +55,33 @@ def forbidding_kube() -> Iterator[AsyncKubeApi]:
 
 
 async def paused_events(kube: AsyncKubeApi, url: str, passes: int, **spec: Any) -> list[str]:
-    """The ScalingPaused messages of `passes` passes of one service, as the keeper runs them."""
+    """The ScalingPaused messages of `passes` status passes of one service, as the keeper runs them."""
     body = billing_sample()
     body["metadata"]["namespace"] = "default"
     body["spec"].update(spec)
-    validated = service_status.validate(body)
+    understood = specs.understand(body)
+    assert isinstance(understood, specs.Understood)
     address = broker_address.parse(url)
     broker = Broker(BrokerSettings(address, TlsMaterial(), address.management_url()))
-    memory = queue_status.ScalerMemory()
+    memory, announced, status = steps.ScalerMemory(), Announced(), CeleryEventServiceStatus()
     found = []
     try:
         for number in range(passes):
-            result = await queue_status.run_pass(
-                kube,
-                broker,
-                body,
-                service=validated.service_name,
-                spec=validated.spec,
-                topology=plan.plan(validated.service_name, validated.spec),
+            queues = await steps.queues(broker, understood.topology, 0.0)
+            scaling = await steps.scale_workers(
+                Cluster(kube),
+                "default",
+                understood,
+                queues=queues,
+                running=0,
                 memory=memory,
                 now=float(number),
                 scale_max_age=0.0,
-                running=0,
             )
-            found += [note.message for note in result.events if note.reason == "ScalingPaused"]
+            seen = Observations(1, understood.spec, queues=queues, scaling=scaling)
+            conclusion = conclude(status, seen, announced, datetime.datetime.now(tz=datetime.UTC))
+            status, announced = conclusion.status, conclusion.announced
+            found += [note.message for note in conclusion.events if note.reason == "ScalingPaused"]
     finally:
         await broker.close()
     return found

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from celery_event_operator.api.metadata import HASH_ANNOTATION
 from celery_event_operator.injection import pod
-from celery_event_operator.injection.settings import HASH_ANNOTATION, MOUNT_PATH
+from celery_event_operator.injection.settings import MOUNT_PATH
 
 INJECTION = pod.Injection(
     service="billing", secret_name="rabbitmq", secret_key="url", configmap="billing-celery-events", config_hash="abc123"
@@ -37,6 +38,8 @@ def test_every_container_gets_env_and_mount() -> None:
             "CELERY_WORKER_WITHOUT_GOSSIP",
             "REMAP_SIGTERM",
             "CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS",
+            "CELERY_EVENTS_POD_NAME",
+            "CELERY_EVENTS_POD_NAMESPACE",
             "PYTHONPATH",
         ]
         assert container["volumeMounts"] == [{"name": pod.VOLUME_NAME, "mountPath": MOUNT_PATH, "readOnly": True}]

@@ -1,0 +1,115 @@
+"""What one pass of a service needs of the broker and of the Kubernetes API: small interfaces the flow is given
+(as messaging-topology-operator injects its RabbitMQ client factory), so that the sequencing is tested with
+fakes and the decisions, pure, are tested as tables. The adapters implement them: `broker.brokers` (Brokers,
+Broker) and `kubeapi.ClusterAccess`."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
+from celery_event_operator.broker.secret import BrokerSettings
+from celery_event_operator.injection.outcome import WorkersOutcome
+from celery_event_operator.lifecycle.consumers import Consumer
+from celery_event_operator.monitoring.collector import MetricsRegistry
+from celery_event_operator.monitoring.events_connection import Subscription
+from celery_event_operator.monitoring.state import ServiceMetrics
+from celery_event_operator.options import OperatorOptions
+from celery_event_operator.scaling.depths import QueueDepth
+from celery_event_operator.topology.declared import Declared
+from celery_event_operator.topology.outcome import Report
+from celery_event_operator.topology.plan import Topology
+
+
+class EventsFeed(Protocol):
+    """A broker's one events connection, shared by the services on it."""
+
+    @property
+    def problem(self) -> str | None: ...  # the connection's own (None while connected)
+
+    @property
+    def login_refused(self) -> bool: ...
+
+    def subscribe(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics) -> Subscription: ...
+
+    def unsubscribe(self, subscription: Subscription) -> None: ...
+
+
+class ServiceBroker(Protocol):
+    """One broker as one user, shared by the services whose Secrets name it."""
+
+    @property
+    def key(self) -> str: ...  # identifies the settings without showing them
+
+    @property
+    def display(self) -> str: ...  # host:port and vhost, for messages
+
+    @property
+    def events(self) -> EventsFeed: ...
+
+    async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
+        """Apply the plan (with `remove`, delete the service's empty entities); an OperatorError carrying its
+        status reason when the broker cannot be reached, refuses or does not support an operation."""
+        ...
+
+    async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:
+        """The service's queue depths and how they were counted; BrokerUnavailableError when unknown."""
+        ...
+
+    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+        """The vhost's consumers and their connections; ManagementUnavailableError without a management API."""
+        ...
+
+
+class BrokerSource(Protocol):
+    """The brokers of the services' Secrets."""
+
+    async def settings(self, namespace: str, spec: CeleryEventServiceSpec) -> BrokerSettings:
+        """A service's broker settings from its Secret; an OperatorError (with its reason) when unusable."""
+        ...
+
+    def acquire(self, settings: BrokerSettings) -> ServiceBroker:
+        """The broker of these settings, shared; BrokerSecretError when its TLS material is unusable."""
+        ...
+
+    async def release(self, key: str) -> None: ...  # one user fewer of the broker of `key`
+
+    def forget_secret(self, namespace: str, name: str) -> None:
+        """Read the Secret again next time (a login was refused: it may have been rotated)."""
+        ...
+
+
+class ClusterAccess(Protocol):
+    """The Kubernetes API calls of a pass (KubeError with a safe message when one fails)."""
+
+    async def sync_workers(
+        self, *, owner: dict[str, Any], service: str, spec: CeleryEventServiceSpec, pod_hashes: list[str | None]
+    ) -> WorkersOutcome: ...
+
+    async def read_scale(self, namespace: str, target: ScaleTargetRef) -> int | None: ...  # None: no such workload
+
+    async def set_scale(self, namespace: str, target: ScaleTargetRef, replicas: int) -> None: ...
+
+    async def evict_pod(self, namespace: str, name: str) -> bool: ...  # False: a PodDisruptionBudget refuses now
+
+    async def patch_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None: ...
+
+    async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
+
+
+class KeeperContext(Protocol):
+    """What every service's keeper is given (flow.context.Context in the operator; fakes in tests)."""
+
+    @property
+    def options(self) -> OperatorOptions: ...
+
+    @property
+    def cluster(self) -> ClusterAccess: ...
+
+    @property
+    def brokers(self) -> BrokerSource: ...
+
+    @property
+    def metrics(self) -> MetricsRegistry: ...

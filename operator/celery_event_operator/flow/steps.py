@@ -1,0 +1,291 @@
+"""The I/O steps of a service's passes: each asks the broker or the Kubernetes API one thing (through the
+ports) and returns what it observed, never raising for a failure the status should show."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from typing import Any
+
+from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.errors import BrokerUnavailableError, KubeError, ManagementUnavailableError, OperatorError
+from celery_event_operator.flow.ports import ClusterAccess, ServiceBroker
+from celery_event_operator.injection import healing
+from celery_event_operator.lifecycle import consumers, costs
+from celery_event_operator.lifecycle.stuck import StuckMemory, judge
+from celery_event_operator.monitoring.events_connection import Subscription
+from celery_event_operator.monitoring.state import ServiceMetrics
+from celery_event_operator.scaling import policy
+from celery_event_operator.scaling.depths import counters
+from celery_event_operator.service.observations import (
+    Evicted,
+    LifecycleSeen,
+    MonitoringSeen,
+    QueuesSeen,
+    Scaled,
+    ScalingSeen,
+)
+from celery_event_operator.service.pods import WorkerPod
+from celery_event_operator.service.spec import Understood
+from celery_event_operator.topology.declared import Declared
+from celery_event_operator.topology.outcome import DeclareOutcome
+from celery_event_operator.topology.plan import Topology
+
+# At most this many pods' deletion costs are patched per service and pass (the rest in the next passes); one sent
+# is not sent again before the watch brought it back or this long passed.
+COST_WRITES_PER_PASS = 20
+COST_RESEND_SECONDS = 30.0
+
+
+@dataclasses.dataclass
+class ScalerMemory:
+    """What one service's scaling remembers between passes (in the operator's memory only)."""
+
+    history: tuple[policy.Recommendation, ...] | None = None  # the autoscaler's recommendations
+    scale: int | None = None  # the workload's desired replicas (its /scale), as last read
+    scale_read_at: float = -float("inf")
+
+
+async def declare(
+    broker: ServiceBroker | None,
+    unusable: OperatorError | None,
+    topology: Topology,
+    declared: Declared,
+    *,
+    remove: bool = False,
+) -> DeclareOutcome:
+    """The topology applied (or removed) on the broker; the failure when there is no usable broker."""
+    if broker is None:
+        return DeclareOutcome(topology, failure=unusable)
+    try:
+        report = await broker.declare(topology, declared, remove=remove)
+    except OperatorError as exc:
+        return DeclareOutcome(topology, broker.display, exc)
+    return DeclareOutcome(topology, broker.display, report=report)
+
+
+async def queues(broker: ServiceBroker, topology: Topology, max_age: float) -> QueuesSeen:
+    try:
+        depths, source = await broker.depths(topology, max_age)
+    except BrokerUnavailableError as exc:
+        return QueuesSeen(None, problem=str(exc))
+    return QueuesSeen(depths, source)
+
+
+async def scale_workers(
+    cluster: ClusterAccess,
+    namespace: str,
+    understood: Understood,
+    *,
+    queues: QueuesSeen,
+    running: int,
+    memory: ScalerMemory,
+    now: float,
+    scale_max_age: float,
+) -> ScalingSeen:
+    """The workers' replicas: the workload's scale read (at most every `scale_max_age` seconds, and again before
+    any change), the wish of the autoscaler or of spec.workers.replicas, and the change made. Nothing is decided
+    from missing data: when the queues cannot be read, replicas stay where they are."""
+    seen = ScalingSeen(selector=f"{SERVICE_LABEL}={understood.service}", workload=memory.scale)
+    workers = understood.spec.workers
+    if queues.depths is None or workers is None:
+        return seen
+    target = workers.scale_target_ref
+    try:
+        if memory.scale is None or now - memory.scale_read_at > scale_max_age:
+            await _read_scale(cluster, namespace, understood, memory, now)
+    except KubeError as exc:
+        return dataclasses.replace(seen, scale_problem=str(exc))
+    seen = dataclasses.replace(seen, scale_checked=True, workload=memory.scale)
+    if memory.scale is None:
+        return seen  # the reconcile reports the missing target
+    current = memory.scale
+    queue_length = counters(queues.depths)["queueLength"]
+    wish = policy.wish(understood.spec, queue_length, current, memory.history, now, counted=queues.source)
+    seen = dataclasses.replace(seen, replicas=running)
+    if wish is None:
+        return seen
+    memory.history = wish.history
+    seen = dataclasses.replace(seen, desired=wish.recommended)
+    if wish.replicas == current:
+        return seen
+    try:
+        if memory.scale_read_at != now:  # read before this pass: decide on the workload's count as it is now
+            await _read_scale(cluster, namespace, understood, memory, now)
+        if memory.scale is None or memory.scale == wish.replicas:
+            return dataclasses.replace(seen, workload=memory.scale)
+        current = memory.scale
+        await cluster.set_scale(namespace, target, wish.replicas)
+    except KubeError as exc:
+        return dataclasses.replace(seen, failed=str(exc))
+    memory.scale = wish.replicas
+    at = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    scaled = Scaled(f"{target.kind}/{target.name}", current, wish.replicas, wish.why, at)
+    return dataclasses.replace(seen, workload=wish.replicas, scaled=scaled)
+
+
+async def _read_scale(
+    cluster: ClusterAccess, namespace: str, understood: Understood, memory: ScalerMemory, now: float
+) -> None:
+    assert understood.spec.workers is not None
+    memory.scale = await cluster.read_scale(namespace, understood.spec.workers.scale_target_ref)
+    memory.scale_read_at = now
+
+
+def monitoring(enabled: bool, subscription: Subscription | None, broker: ServiceBroker | None) -> MonitoringSeen:
+    """Whether the service's events are consumed, and whether a failure is the consumer's own."""
+    if broker is None:
+        return MonitoringSeen(enabled, "no usable broker settings (see BrokerReachable)")
+    problem = subscription.problem if subscription is not None else None
+    own = problem is not None and problem not in (broker.events.problem, Subscription.CONNECTING)
+    return MonitoringSeen(enabled, problem, own)
+
+
+@dataclasses.dataclass
+class LifecycleMemory:
+    """What one service's worker lifecycle remembers between passes."""
+
+    stuck: StuckMemory = dataclasses.field(default_factory=StuckMemory)
+    costs_sent: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # pod → cost, when
+
+
+async def keep_lifecycle(
+    cluster: ClusterAccess,
+    broker: ServiceBroker,
+    namespace: str,
+    understood: Understood,
+    *,
+    pods: list[WorkerPod],
+    metrics: ServiceMetrics | None,
+    memory: LifecycleMemory,
+    queues: QueuesSeen,
+    events_consumed: bool,
+    config_hash: str | None,
+    now: float,
+    logger: logging.Logger | Any,
+) -> LifecycleSeen | None:
+    """The workers' deletion costs kept from the tasks they run, and the stuck ones found (None: the service has
+    no workers to keep). Nothing is judged on what is unknown: the queues, the heartbeats, the current settings."""
+    spec, workers = understood.spec, understood.spec.workers
+    if workers is None:
+        return None
+    written = 0
+    if workers.set_deletion_cost and metrics is not None and events_consumed:
+        written = await _keep_deletion_costs(
+            cluster, namespace, pods=pods, metrics=metrics, memory=memory, now=now, logger=logger
+        )
+    candidates = [
+        pod.name for pod in pods if pod.running and config_hash is not None and pod.config_hash in (config_hash, None)
+    ]
+    unchecked = None
+    if not spec.monitoring.enabled or metrics is None:
+        unchecked = "monitoring is off: the workers' heartbeats are not consumed"
+    elif queues.depths is None:
+        unchecked = f"queue lengths unknown: {queues.problem}"
+    elif config_hash is None:
+        unchecked = "the workers' settings are not known yet"
+    elif not events_consumed:
+        unchecked = "the service's Celery events are not consumed (see MonitoringReady)"
+    if unchecked is not None or metrics is None or queues.depths is None:
+        judge(
+            memory.stuck,
+            candidates,
+            last_heard={},
+            consuming=None,
+            waiting=0,
+            heartbeats_known=False,
+            now=now,
+            threshold=0,
+        )
+        return LifecycleSeen(len(candidates), unchecked=unchecked, costs_written=written)
+    try:
+        listed = await broker.consumers(spec.status_interval_seconds / 2)
+        handler_queues = frozenset(q.name for q in understood.topology.queues if q.role == "events")
+        candidate_pods = [pod for pod in pods if pod.name in candidates]
+        consuming: dict[str, bool | None] | None = consumers.consuming(
+            listed, handler_queues, candidate_pods, namespace
+        )
+    except ManagementUnavailableError:
+        consuming = None  # heartbeats are still judged
+    stuck = judge(
+        memory.stuck,
+        candidates,
+        last_heard=metrics.last_heard,
+        consuming=consuming,
+        waiting=counters(queues.depths)["queueLength"],
+        heartbeats_known=True,
+        now=now,
+        threshold=workers.stuck_after_seconds,
+    )
+    return LifecycleSeen(len(candidates), stuck, costs_written=written)
+
+
+async def _keep_deletion_costs(
+    cluster: ClusterAccess,
+    namespace: str,
+    *,
+    pods: list[WorkerPod],
+    metrics: ServiceMetrics,
+    memory: LifecycleMemory,
+    now: float,
+    logger: logging.Logger | Any,
+) -> int:
+    """Patch the pods whose deletion cost changed (a bounded number per pass); the number patched."""
+    running = metrics.running.elapsed(now)
+    wanted = {pod.name: costs.deletion_cost(running.get(pod.name, ())) for pod in pods if pod.running}
+    current = {pod.name: pod.deletion_cost for pod in pods}
+    for pod, (cost, at) in list(memory.costs_sent.items()):
+        if pod not in wanted or current.get(pod) == str(cost) or now - at > COST_RESEND_SECONDS:
+            del memory.costs_sent[pod]  # seen back (or gone, or long ago): the pod's own annotation counts
+        else:
+            current[pod] = str(cost)  # sent a moment ago; the watch has not brought it back yet
+    written = 0
+    for pod, cost in costs.costs_to_write(wanted, current, limit=COST_WRITES_PER_PASS).items():
+        try:
+            await cluster.annotate_pod(namespace, pod, {DELETION_COST_ANNOTATION: str(cost)})
+        except KubeError as exc:
+            logger.warning("%s", exc)
+            continue
+        memory.costs_sent[pod] = (cost, now)
+        written += 1
+    return written
+
+
+async def heal(
+    cluster: ClusterAccess,
+    namespace: str,
+    memory: healing.HealingMemory,
+    pods: list[WorkerPod],
+    config_hash: str | None,
+    *,
+    stuck: dict[str, str],
+    heal_old: bool,
+    grace_seconds: int,
+    now: float,
+    logger: logging.Logger | Any,
+) -> Evicted | None:
+    """Evict the next pod that is stuck, or runs without the current settings (`config_hash` None: those are left
+    alone), if one is due."""
+    step = healing.next_step(
+        memory,
+        [(pod.name, pod.config_hash) for pod in pods],
+        config_hash,
+        heal_old=heal_old,
+        now=now,
+        grace_seconds=grace_seconds,
+        stuck=stuck,
+    )
+    if step.evict is None:
+        return None
+    try:
+        evicted = await cluster.evict_pod(namespace, step.evict)
+    except KubeError as exc:
+        healing.refused(memory)
+        logger.warning("%s", exc)
+        return None
+    if not evicted:
+        healing.refused(memory)
+        logger.info("eviction of pod %s refused for now (a PodDisruptionBudget); trying again", step.evict)
+        return None
+    return Evicted(step.evict, step.why)

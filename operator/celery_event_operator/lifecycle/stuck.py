@@ -1,0 +1,66 @@
+"""Which worker pods run but no longer work (pure): a pod is stuck when it heartbeats but holds no consumer on the
+service's handler queues for longer than a threshold while messages wait, or when its heartbeats stopped for longer
+than the threshold while it is Running.
+
+Judged only on what is known: heartbeats only while the service's events are consumed (and the threshold counts
+from when they were consumed again, so a broker outage or an operator restart makes no pod look silent), consumers
+only when the broker listed them. A pod is given the threshold from when it was first seen Running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class StuckWorker:
+    pod: str
+    why: str  # safe to show: counts and seconds
+
+
+@dataclasses.dataclass
+class StuckMemory:
+    """What one service's judgement remembers between passes."""
+
+    running_since: dict[str, float] = dataclasses.field(default_factory=dict)  # pod → first seen Running
+    unconsumed_since: dict[str, float] = dataclasses.field(default_factory=dict)  # pod → heartbeating, no consumer
+    heard_since: float | None = None  # the service's events consumed without a break since
+
+
+def judge(
+    memory: StuckMemory,
+    pods: Iterable[str],
+    *,
+    last_heard: Mapping[str, float],
+    consuming: Mapping[str, bool | None] | None,
+    waiting: int,
+    heartbeats_known: bool,
+    now: float,
+    threshold: float,
+) -> tuple[StuckWorker, ...]:
+    """`pods`: the service's Running pods on its current settings. `consuming`: per pod, whether it holds a handler
+    queue's consumer (None: the broker's consumers are unknown). Updates `memory`."""
+    names = list(pods)
+    memory.running_since = {pod: memory.running_since.get(pod, now) for pod in names}
+    if not heartbeats_known:
+        memory.heard_since = None
+        memory.unconsumed_since.clear()
+        return ()
+    heard_since = memory.heard_since = memory.heard_since if memory.heard_since is not None else now
+    stuck = []
+    for pod in names:
+        silent_since = max(memory.running_since[pod], heard_since, last_heard.get(pod, -float("inf")))
+        if now - silent_since > threshold:
+            memory.unconsumed_since.pop(pod, None)
+            stuck.append(StuckWorker(pod, f"no heartbeat for {now - silent_since:.0f} s while Running"))
+            continue
+        if consuming is None or consuming.get(pod) is not False or waiting <= 0:
+            memory.unconsumed_since.pop(pod, None)
+            continue
+        since = memory.unconsumed_since.setdefault(pod, now)
+        if now - since > threshold:
+            why = f"heartbeats but consumes from no handler queue for {now - since:.0f} s while {waiting} messages wait"
+            stuck.append(StuckWorker(pod, why))
+    memory.unconsumed_since = {pod: at for pod, at in memory.unconsumed_since.items() if pod in memory.running_since}
+    return tuple(stuck)

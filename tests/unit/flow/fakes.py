@@ -1,0 +1,143 @@
+"""Fakes of the flow's ports (flow/ports.py): a broker and a Kubernetes API that record what a keeper asks of them
+and answer as told; the status written goes into the body, as the API server and the watch would bring it back."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
+from celery_event_operator.broker import address as broker_address
+from celery_event_operator.broker.secret import BrokerSettings
+from celery_event_operator.broker.tls import TlsMaterial
+from celery_event_operator.errors import KubeError, OperatorError
+from celery_event_operator.injection.outcome import WorkersOutcome, count_pods
+from celery_event_operator.lifecycle.consumers import Consumer
+from celery_event_operator.monitoring.collector import MetricsRegistry
+from celery_event_operator.monitoring.events_connection import Subscription
+from celery_event_operator.monitoring.state import ServiceMetrics
+from celery_event_operator.options import OperatorOptions
+from celery_event_operator.scaling.depths import QueueDepth
+from celery_event_operator.topology.declared import Declared
+from celery_event_operator.topology.outcome import Report
+from celery_event_operator.topology.plan import Topology
+
+ADDRESS = broker_address.parse("amqp://user:secret@broker.example:5672/shop")
+SETTINGS = BrokerSettings(ADDRESS, TlsMaterial(), ADDRESS.management_url())
+
+
+class FakeEvents:
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self.login_refused = False
+        self.subscriptions: list[Subscription] = []
+
+    def subscribe(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics) -> Subscription:
+        subscription = Subscription(name, queue, exchange, metrics, f"tag-{len(self.subscriptions)}".encode())
+        self.subscriptions.append(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        self.subscriptions.remove(subscription)
+
+
+class FakeBroker:
+    def __init__(self, settings: BrokerSettings = SETTINGS) -> None:
+        self.key = settings.key
+        self.display = settings.address.display
+        self.events = FakeEvents()
+        self.declares: list[tuple[str, bool]] = []  # service, remove
+        self.declare_failure: OperatorError | None = None
+        self.depth_answer: tuple[tuple[QueueDepth, ...], str] | OperatorError = ((), "ready + unacknowledged")
+        self.consumer_answer: tuple[Consumer, ...] | OperatorError = ()
+
+    async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
+        self.declares.append((topology.service, remove))
+        if self.declare_failure is not None:
+            raise self.declare_failure
+        return Report()
+
+    async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:
+        if isinstance(self.depth_answer, OperatorError):
+            raise self.depth_answer
+        return self.depth_answer
+
+    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+        if isinstance(self.consumer_answer, OperatorError):
+            raise self.consumer_answer
+        return self.consumer_answer
+
+
+class FakeBrokers:
+    def __init__(self, broker: FakeBroker) -> None:
+        self.broker = broker
+        self.secret_failure: OperatorError | None = None
+        self.users = 0
+        self.forgotten: list[tuple[str, str]] = []
+
+    async def settings(self, namespace: str, spec: CeleryEventServiceSpec) -> BrokerSettings:
+        if self.secret_failure is not None:
+            raise self.secret_failure
+        return SETTINGS
+
+    def acquire(self, settings: BrokerSettings) -> FakeBroker:
+        self.users += 1
+        return self.broker
+
+    async def release(self, key: str) -> None:
+        assert key == self.broker.key
+        self.users -= 1
+
+    def forget_secret(self, namespace: str, name: str) -> None:
+        self.forgotten.append((namespace, name))
+
+
+class FakeCluster:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.calls: list[tuple[Any, ...]] = []
+        self.scale: int | None = 1
+        self.scale_failure: KubeError | None = None
+        self.evictable = True
+
+    async def sync_workers(
+        self, *, owner: dict[str, Any], service: str, spec: CeleryEventServiceSpec, pod_hashes: list[str | None]
+    ) -> WorkersOutcome:
+        self.calls.append(("sync_workers", service))
+        return count_pods("h1", pod_hashes)
+
+    async def read_scale(self, namespace: str, target: ScaleTargetRef) -> int | None:
+        self.calls.append(("read_scale", target.name))
+        if self.scale_failure is not None:
+            raise self.scale_failure
+        return self.scale
+
+    async def set_scale(self, namespace: str, target: ScaleTargetRef, replicas: int) -> None:
+        self.calls.append(("set_scale", target.name, replicas))
+        self.scale = replicas
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.calls.append(("annotate_pod", name, annotations))
+
+    async def evict_pod(self, namespace: str, name: str) -> bool:
+        self.calls.append(("evict_pod", name))
+        return self.evictable
+
+    async def patch_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None:
+        self.calls.append(("patch_status", *sorted(fields)))
+        self.body.setdefault("status", {}).update(fields)
+
+    async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.calls.append(("annotate", *sorted(annotations)))
+        self.body["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def made(self, call: str) -> list[tuple[Any, ...]]:
+        return [found for found in self.calls if found[0] == call]
+
+
+@dataclasses.dataclass
+class FakeContext:
+    cluster: FakeCluster
+    brokers: FakeBrokers
+    options: OperatorOptions = dataclasses.field(default_factory=OperatorOptions)
+    metrics: MetricsRegistry = dataclasses.field(default_factory=MetricsRegistry)

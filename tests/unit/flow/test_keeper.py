@@ -1,0 +1,208 @@
+"""The keeper sequences a service's passes: observe through the ports, conclude, write only what changed.
+Fakes stand in for the broker and the Kubernetes API (tests/unit/flow/fakes.py); the integration suites run the
+same passes against a real RabbitMQ and the real operator process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_event_operator.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
+from celery_event_operator.errors import BrokerSecretError, BrokerUnavailableError
+from celery_event_operator.flow.keeper import ServiceKeeper
+from celery_event_operator.scaling.depths import QueueDepth
+from celery_event_operator.service.conclusion import EventNote
+from celery_event_operator.service.pods import WorkerPod
+from tests.unit.flow.fakes import FakeBroker, FakeBrokers, FakeCluster, FakeContext
+
+DEPTHS = (QueueDepth("billing.order", "events", 60, 1),)
+
+
+def resource(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "celeryevents.io/v1alpha1",
+        "kind": "CeleryEventService",
+        "metadata": {"name": "billing", "namespace": "shop", "uid": "u1", "generation": 1, "annotations": {}},
+        "spec": {
+            "broker": {"secretRef": {"name": "rabbitmq"}},
+            "events": {"handlers": [{"name": "order"}]},
+            "workers": {"scaleTargetRef": {"kind": "Deployment", "name": "billing-worker"}},
+            **spec,
+        },
+    }
+
+
+class Harness:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.broker = FakeBroker()
+        self.brokers = FakeBrokers(self.broker)
+        self.cluster = FakeCluster(body)
+        self.context = FakeContext(self.cluster, self.brokers)
+        self.events: list[EventNote] = []
+        self.keeper = ServiceKeeper(self.context, "shop", "billing", self.events.extend, _Logger())
+        self.pods = [WorkerPod("billing-worker-1", "h1")]
+
+    async def reconcile(self) -> None:
+        # Annotations ride on kopf's own patch of the resource in a change handler.
+        await self.keeper.reconcile(self.body, lambda _: self.pods, self.body["metadata"]["annotations"].update)
+
+    async def status_pass(self) -> None:
+        await self.keeper.status_pass(self.body, lambda _: self.pods)
+
+    def reasons(self) -> list[str]:
+        found = [note.reason for note in self.events]
+        self.events.clear()
+        return found
+
+    def condition(self, type: str) -> tuple[str, str]:
+        found = next(c for c in self.body["status"]["conditions"] if c["type"] == type)
+        return found["status"], found["reason"]
+
+
+class _Logger:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message: str, *args: Any) -> None:
+        self.lines.append(message % args)
+
+    warning = info
+
+
+async def test_a_reconcile_declares_configures_subscribes_and_writes_once() -> None:
+    harness = Harness(resource())
+    await harness.reconcile()
+    assert harness.broker.declares == [("billing", False)]
+    assert harness.cluster.made("sync_workers") == [("sync_workers", "billing")]
+    assert [s.queue for s in harness.broker.events.subscriptions] == ["billing.celeryev"]
+    assert harness.condition("Ready") == ("True", "Reconciled")
+    assert harness.condition("WorkersConfigured") == ("True", "SettingsCurrent")
+    assert harness.body["status"]["queueLength"] == 0, "the first reconcile brings the counters"
+    assert harness.body["status"]["observedGeneration"] == 1
+    assert {DECLARED_ANNOTATION, ACCEPTED_IMMUTABLE_ANNOTATION} <= set(harness.body["metadata"]["annotations"])
+    assert harness.cluster.made("annotate") == [], "annotations went with the handler's own patch"
+    assert len(harness.cluster.made("patch_status")) == 1
+    assert harness.reasons() == []
+
+    await harness.status_pass()
+    assert harness.condition("WorkersHealthy") == ("Unknown", "NotChecked"), "the events are not consumed yet"
+    assert len(harness.cluster.made("patch_status")) == 2
+    await harness.reconcile()
+    await harness.status_pass()
+    assert len(harness.cluster.made("patch_status")) == 2, "at rest: nothing written"
+    assert harness.cluster.made("sync_workers") == [("sync_workers", "billing")], "checked once per generation"
+    assert len(harness.broker.declares) == 2, "a resync declares again (a hand-deleted queue comes back)"
+    assert harness.brokers.users == 1
+    assert len(harness.broker.events.subscriptions) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        pytest.param({"spec": {"retry": {"maxRetries": 99}}}, "InvalidSpec", id="invalid"),
+        pytest.param({"spec": {"queueType": "quorum"}}, "ImmutableFieldChanged", id="immutable"),
+    ],
+)
+async def test_a_spec_that_cannot_be_acted_on_lets_go_and_warns_once(change: dict[str, Any], reason: str) -> None:
+    harness = Harness(resource())
+    await harness.reconcile()
+    harness.body["spec"] |= change["spec"]
+    harness.body["metadata"]["generation"] = 2
+    await harness.reconcile()
+    await harness.reconcile()
+    assert harness.condition("Ready") == ("False", reason)
+    assert harness.reasons() == [reason], "one Warning, not one per resync"
+    assert harness.brokers.users == 0, "the broker is let go"
+    assert harness.broker.events.subscriptions == []
+    assert harness.broker.declares == [("billing", False)], "nothing touched"
+    await harness.status_pass()
+    assert harness.reasons() == []
+
+
+async def test_an_unusable_secret_acquires_no_broker_and_names_the_reason() -> None:
+    harness = Harness(resource())
+    harness.brokers.secret_failure = BrokerSecretError("Secret shop/rabbitmq does not exist")
+    await harness.reconcile()
+    assert harness.condition("BrokerReachable") == ("False", "BrokerSecretInvalid")
+    assert harness.condition("Ready") == ("False", "BrokerSecretInvalid")
+    assert harness.reasons() == ["BrokerSecretInvalid"]
+    assert harness.broker.declares == []
+    assert harness.brokers.users == 0
+    await harness.status_pass()
+    assert harness.cluster.made("read_scale") == [], "no status pass without a broker"
+
+
+async def test_a_status_pass_autoscales_and_says_so() -> None:
+    harness = Harness(resource(autoscaling={"enabled": True, "maxReplicas": 5}))
+    await harness.reconcile()
+    harness.reasons()
+    harness.broker.depth_answer = (DEPTHS, "ready + unacknowledged")
+    await harness.status_pass()
+    assert harness.cluster.made("set_scale") == [("set_scale", "billing-worker", 3)]
+    assert harness.reasons() == ["Scaled"]
+    status = harness.body["status"]
+    assert (status["queueLength"], status["desiredReplicas"], status["replicas"]) == (60, 3, 1)
+    assert "lastScaleTime" in status
+    metrics = harness.context.metrics.find("shop", "billing")
+    assert metrics is not None
+    assert (metrics.replicas, metrics.desired_replicas) == (1, 3)
+
+
+async def test_queue_lengths_unknown_leave_replicas_and_counters_as_they_are() -> None:
+    harness = Harness(resource(autoscaling={"enabled": True}))
+    harness.broker.depth_answer = (DEPTHS, "ready + unacknowledged")
+    await harness.reconcile()
+    harness.reasons()
+    harness.broker.depth_answer = BrokerUnavailableError("management API down")
+    await harness.status_pass()
+    await harness.status_pass()
+    assert harness.reasons() == ["ScalingPaused"]
+    assert harness.body["status"]["queueLength"] == 60
+    assert len(harness.cluster.made("set_scale")) == 1, "only the first pass, with known depths, scaled"
+
+
+async def test_a_rotated_secret_is_read_again_after_a_refused_login() -> None:
+    harness = Harness(resource())
+    await harness.reconcile()
+    harness.broker.events.login_refused = True
+    await harness.status_pass()
+    assert harness.keeper.resync_requested.is_set()
+
+
+async def test_deleting_removes_the_services_entities_and_releases_the_broker() -> None:
+    harness = Harness(resource(deletionPolicy="delete"))
+    outcome = await harness.keeper.delete_entities(harness.body)
+    assert outcome is not None
+    assert outcome.failure is None
+    assert harness.broker.declares == [("billing", True)]
+    assert harness.brokers.users == 0
+    harness.broker.declare_failure = BrokerUnavailableError("down")
+    outcome = await harness.keeper.delete_entities(harness.body)
+    assert outcome is not None
+    assert isinstance(outcome.failure, BrokerUnavailableError)
+    assert harness.brokers.users == 0
+
+
+async def test_closing_lets_go_of_the_consumer_broker_and_series() -> None:
+    harness = Harness(resource())
+    await harness.reconcile()
+    assert harness.context.metrics.find("shop", "billing") is not None
+    await harness.keeper.close()
+    assert harness.brokers.users == 0
+    assert harness.broker.events.subscriptions == []
+    assert harness.context.metrics.find("shop", "billing") is None
+
+
+async def test_unusable_tls_material_found_when_the_broker_is_made_is_the_secrets_fault() -> None:
+    harness = Harness(resource())
+    failure = BrokerSecretError("the broker Secret's ca.crt is no PEM certificate")
+
+    def refuse(settings: Any) -> FakeBroker:
+        raise failure
+
+    harness.brokers.acquire = refuse  # type: ignore[method-assign]
+    await harness.reconcile()
+    assert harness.condition("BrokerReachable") == ("False", "BrokerSecretInvalid")
+    assert harness.reasons() == ["BrokerSecretInvalid"]

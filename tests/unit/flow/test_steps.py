@@ -1,0 +1,196 @@
+"""The I/O steps of a pass, against fakes of the ports: what each reads, when, and what it observes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION
+from celery_event_operator.errors import BrokerRefusedError, KubeError
+from celery_event_operator.flow import steps
+from celery_event_operator.injection import healing
+from celery_event_operator.lifecycle.consumers import Consumer
+from celery_event_operator.monitoring.state import ServiceMetrics
+from celery_event_operator.scaling.depths import QueueDepth
+from celery_event_operator.service import spec as specs
+from celery_event_operator.service.observations import QueuesSeen
+from celery_event_operator.service.pods import WorkerPod
+from celery_event_operator.topology.declared import Declared
+from tests.unit.flow.fakes import FakeBroker, FakeCluster
+from tests.unit.flow.test_keeper import _Logger, resource
+
+QUEUES = QueuesSeen((QueueDepth("billing.order", "events", 60, 1),), "ready + unacknowledged")
+
+
+def understood(**spec: Any) -> specs.Understood:
+    found = specs.understand(resource(**spec))
+    assert isinstance(found, specs.Understood)
+    return found
+
+
+async def scale(cluster: FakeCluster, memory: steps.ScalerMemory, now: float, **spec: Any) -> Any:
+    return await steps.scale_workers(
+        cluster, "shop", understood(**spec), queues=QUEUES, running=1, memory=memory, now=now, scale_max_age=60.0
+    )
+
+
+async def test_the_workloads_scale_is_read_when_due_and_again_before_a_change() -> None:
+    cluster, memory = FakeCluster(resource()), steps.ScalerMemory()
+    seen = await scale(cluster, memory, 0.0)
+    assert (seen.replicas, seen.workload, seen.desired, seen.scaled) == (1, 1, None, None)
+    await scale(cluster, memory, 30.0)
+    assert cluster.made("read_scale") == [("read_scale", "billing-worker")], "not read again within its age"
+    seen = await scale(cluster, memory, 40.0, workers={**resource()["spec"]["workers"], "replicas": 4})
+    assert cluster.made("read_scale") == [("read_scale", "billing-worker")] * 2, "read again before a change"
+    assert cluster.made("set_scale") == [("set_scale", "billing-worker", 4)]
+    assert seen.scaled is not None
+    assert (seen.scaled.before, seen.scaled.after, seen.desired) == (1, 4, 4)
+
+
+async def test_nothing_is_scaled_from_missing_data_or_without_a_wish() -> None:
+    cluster = FakeCluster(resource())
+    unknown = await steps.scale_workers(
+        cluster,
+        "shop",
+        understood(autoscaling={"enabled": True}),
+        queues=QueuesSeen(None, problem="down"),
+        running=1,
+        memory=steps.ScalerMemory(),
+        now=0.0,
+        scale_max_age=60.0,
+    )
+    assert (unknown.scale_checked, unknown.replicas) == (False, None)
+    assert cluster.calls == []
+
+
+async def test_a_refused_read_or_change_is_observed_not_raised() -> None:
+    cluster = FakeCluster(resource())
+    cluster.scale_failure = KubeError("cannot read the scale of Deployment shop/billing-worker: HTTP 403 Forbidden")
+    seen = await scale(cluster, steps.ScalerMemory(), 0.0, autoscaling={"enabled": True})
+    assert seen.scale_problem is not None
+    assert "HTTP 403" in seen.scale_problem
+
+
+async def test_a_declare_the_broker_refuses_is_an_outcome_with_its_reason() -> None:
+    broker = FakeBroker()
+    broker.declare_failure = BrokerRefusedError("the broker refused an operation: 403 ACCESS_REFUSED")
+    outcome = await steps.declare(broker, None, understood().topology, Declared())
+    assert outcome.failure is broker.declare_failure
+    assert outcome.broker == broker.display
+    no_broker = await steps.declare(None, broker.declare_failure, understood().topology, Declared())
+    assert (no_broker.failure, no_broker.report) == (broker.declare_failure, None)
+
+
+async def test_healing_evicts_one_pod_due_and_keeps_it_due_when_refused() -> None:
+    cluster, memory = FakeCluster(resource()), healing.HealingMemory()
+    pods = [WorkerPod("old-1", "h0"), WorkerPod("new-1", "h1")]
+
+    async def heal(now: float, stuck: dict[str, str] | None = None) -> Any:
+        return await steps.heal(
+            cluster,
+            "shop",
+            memory,
+            pods,
+            "h1",
+            stuck=stuck or {},
+            heal_old=True,
+            grace_seconds=5,
+            now=now,
+            logger=_Logger(),
+        )
+
+    assert await heal(0.0) is None, "within its grace period"
+    cluster.evictable = False  # a PodDisruptionBudget refuses for now
+    assert await heal(10.0) is None
+    cluster.evictable = True
+    evicted = await heal(30.0)
+    assert evicted is not None
+    assert (evicted.pod, evicted.why) == ("old-1", "it runs settings h0, not the current h1")
+    assert cluster.made("evict_pod") == [("evict_pod", "old-1")] * 2
+
+    assert await heal(50.0, {"new-1": "no heartbeat"}) is None, "one at a time: the last one gone first"
+    pods.remove(WorkerPod("old-1", "h0"))
+    stuck = await heal(60.0, {"new-1": "no heartbeat for 40 s while Running"})
+    assert stuck is not None
+    assert (stuck.pod, stuck.why) == ("new-1", "the worker is stuck: no heartbeat for 40 s while Running")
+    assert await heal(75.0, {"new-1": "no heartbeat"}) is None, "not again while the evicted pod is there"
+
+
+async def lifecycle(
+    cluster: FakeCluster,
+    broker: FakeBroker,
+    pods: list[WorkerPod],
+    metrics: ServiceMetrics,
+    memory: steps.LifecycleMemory,
+    now: float,
+    **given: Any,
+) -> Any:
+    arguments: dict[str, Any] = {"queues": QUEUES, "events_consumed": True, "config_hash": "h1"} | given
+    return await steps.keep_lifecycle(
+        cluster,
+        broker,
+        "shop",
+        understood(workers={**resource()["spec"]["workers"], "stuckAfterSeconds": 30}),
+        pods=pods,
+        metrics=metrics,
+        memory=memory,
+        now=now,
+        logger=_Logger(),
+        **arguments,
+    )
+
+
+async def test_deletion_costs_are_written_when_a_pods_step_changes_and_not_again() -> None:
+    cluster, broker, memory = FakeCluster(resource()), FakeBroker(), steps.LifecycleMemory()
+    metrics = ServiceMetrics("shop", "billing")
+    pods = [WorkerPod("busy", "h1", running=True), WorkerPod("idle", "h1", running=True)]
+    metrics.running.started("t1", "busy", 0.0)
+    seen = await lifecycle(cluster, broker, pods, metrics, memory, 5.0)
+    assert (seen.costs_written, cluster.made("annotate_pod")) == (0, []), "a task of 5 s: no cost yet"
+    seen = await lifecycle(cluster, broker, pods, metrics, memory, 15.0)
+    assert cluster.made("annotate_pod") == [("annotate_pod", "busy", {DELETION_COST_ANNOTATION: "1"})]
+    await lifecycle(cluster, broker, pods, metrics, memory, 16.0)
+    assert len(cluster.made("annotate_pod")) == 1, "sent a moment ago: not again before the watch brings it back"
+    pods[0] = WorkerPod("busy", "h1", running=True, deletion_cost="1")
+    metrics.running.ended("t1")
+    await lifecycle(cluster, broker, pods, metrics, memory, 20.0)
+    assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "busy", {DELETION_COST_ANNOTATION: "0"})
+    pods[0] = WorkerPod("busy", "h1", running=True, deletion_cost="0")
+    await lifecycle(cluster, broker, pods, metrics, memory, 21.0, events_consumed=False)
+    await lifecycle(cluster, broker, pods, metrics, memory, 22.0)
+    assert len(cluster.made("annotate_pod")) == 2, "at rest nothing is written"
+
+
+@pytest.mark.parametrize(
+    ("given", "unchecked"),
+    [
+        pytest.param({"events_consumed": False}, "the service's Celery events are not consumed", id="no-events"),
+        pytest.param({"queues": QueuesSeen(None, problem="down")}, "queue lengths unknown: down", id="no-queues"),
+        pytest.param({"config_hash": None}, "the workers' settings are not known yet", id="no-settings"),
+    ],
+)
+async def test_nothing_is_judged_on_what_is_unknown(given: dict[str, Any], unchecked: str) -> None:
+    cluster, broker, memory = FakeCluster(resource()), FakeBroker(), steps.LifecycleMemory()
+    metrics = ServiceMetrics("shop", "billing")
+    pods = [WorkerPod("silent", "h1", running=True)]
+    for now in (0.0, 100.0, 200.0):
+        seen = await lifecycle(cluster, broker, pods, metrics, memory, now, **given)
+        assert seen.stuck == ()
+        assert seen.unchecked is not None
+        assert seen.unchecked.startswith(unchecked)
+
+
+async def test_a_silent_running_pod_and_one_without_consumer_are_found_stuck() -> None:
+    cluster, broker, memory = FakeCluster(resource()), FakeBroker(), steps.LifecycleMemory()
+    metrics = ServiceMetrics("shop", "billing")
+    pods = [WorkerPod("silent", "h1", running=True), WorkerPod("idle", "h1", running=True), WorkerPod("new", "h1")]
+    broker.consumer_answer = (Consumer("billing.order", "127.0.0.1", "celeryevents.io/pod=shop/other"),)
+    for now in (0.0, 20.0, 40.0):
+        metrics.last_heard["idle"] = now
+        seen = await lifecycle(cluster, broker, pods, metrics, memory, now)
+    assert seen.judged == 2, "a pod not Running is not judged"
+    assert [(worker.pod, worker.why) for worker in seen.stuck] == [
+        ("silent", "no heartbeat for 40 s while Running"),
+        ("idle", "heartbeats but consumes from no handler queue for 40 s while 60 messages wait"),
+    ]

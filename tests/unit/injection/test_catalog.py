@@ -1,0 +1,63 @@
+"""The webhook's catalog of what each service injects: read per namespace, a burst of pods costs one read, a
+failed read keeps what was known, an invalid service injects nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery_event_operator.errors import KubeError
+from celery_event_operator.injection import catalog
+from celery_event_operator.kubeapi import AsyncKubeApi
+from tests.unit.flow.test_keeper import resource
+
+
+class _Services:
+    def __init__(self, bodies: list[dict[str, Any]]) -> None:
+        self.bodies = bodies
+        self.failure: KubeError | None = None
+        self.reads = 0
+
+    def list_services(self, namespace: str) -> list[dict[str, Any]]:
+        self.reads += 1
+        if self.failure is not None:
+            raise self.failure
+        return self.bodies
+
+
+class _Kube:
+    """AsyncKubeApi's shape, answering from memory."""
+
+    def __init__(self, api: _Services) -> None:
+        self.api = api
+
+    async def call(self, method: Callable[..., Any], *args: Any) -> Any:
+        return method(*args)
+
+
+def _catalog(services: _Services) -> catalog.InjectionCatalog:
+    kube: Any = _Kube(services)
+    found: AsyncKubeApi = kube
+    return catalog.InjectionCatalog(found)
+
+
+async def test_a_service_is_found_once_read_and_an_invalid_one_injects_nothing(monkeypatch: Any) -> None:
+    invalid = resource(retry={"maxRetries": 99})
+    invalid["metadata"] = {**invalid["metadata"], "name": "broken", "uid": "u2"}
+    services = _Services([resource(), invalid])
+    found = _catalog(services)
+    injection = await found.find("shop", "billing")
+    assert injection is not None
+    assert (injection.service, injection.secret_name, injection.configmap) == (
+        "billing",
+        "rabbitmq",
+        "billing-celery-events",
+    )
+    assert await found.find("shop", "broken") is None
+    assert services.reads == 1, "a burst of pods waits for one read"
+
+    later = catalog.time.monotonic() + catalog.REFRESH_SECONDS * 10
+    monkeypatch.setattr(catalog.time, "monotonic", lambda: later)
+    services.failure = KubeError("cannot list the CeleryEventServices of shop: HTTP 500")
+    assert await found.find("shop", "billing") == injection, "a failed read keeps what was known"
+    assert services.reads == 2

@@ -1,0 +1,151 @@
+"""The workers' lifecycle decisions (pure): which pod holds which consumer, what a pod's deletion cost is, which
+pods are stuck."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_event_operator.lifecycle import consumers, costs
+from celery_event_operator.lifecycle.consumers import Consumer
+from celery_event_operator.lifecycle.stuck import StuckMemory, judge
+from celery_event_operator.monitoring.running import RunningTasks
+from celery_event_operator.naming import pod_connection_name
+from celery_event_operator.service.pods import WorkerPod
+
+HANDLERS = frozenset({"billing.order", "billing.refund"})
+
+
+@pytest.mark.parametrize(
+    ("listed", "pods", "expected"),
+    [
+        pytest.param(
+            [Consumer("billing.order", "10.0.0.1", None), Consumer("billing.order", "10.0.0.2", None)],
+            [WorkerPod("a", "h", ip="10.0.0.1"), WorkerPod("b", "h", ip="10.0.0.2")],
+            {"a": True, "b": True},
+            id="by-address",
+        ),
+        pytest.param(
+            [Consumer("billing.order", "10.0.0.1", None), Consumer("other.queue", "10.0.0.2", None)],
+            [WorkerPod("a", "h", ip="10.0.0.1"), WorkerPod("b", "h", ip="10.0.0.2")],
+            {"a": True, "b": False},
+            id="another-queue-counts-for-nothing",
+        ),
+        pytest.param(
+            [Consumer("billing.order", "127.0.0.1", pod_connection_name("shop", "a"))],
+            [WorkerPod("a", "h", ip="127.0.0.1"), WorkerPod("b", "h", ip="127.0.0.1")],
+            {"a": True, "b": False},
+            id="by-connection-name-on-a-shared-address",
+        ),
+        pytest.param(
+            [Consumer("billing.order", "127.0.0.1", None)],
+            [WorkerPod("a", "h", ip="127.0.0.1"), WorkerPod("b", "h", ip="127.0.0.1")],
+            {"a": None, "b": None},
+            id="shared-address-unnamed-unknown",
+        ),
+        pytest.param(
+            [Consumer("billing.order", "127.0.0.1", pod_connection_name("other-namespace", "a"))],
+            [WorkerPod("a", "h")],
+            {"a": False},
+            id="a-name-of-another-namespace",
+        ),
+        pytest.param([], [WorkerPod("a", "h")], {"a": False}, id="no-consumers"),
+    ],
+)
+def test_consumers_are_mapped_to_pods(
+    listed: list[Consumer], pods: list[WorkerPod], expected: dict[str, bool | None]
+) -> None:
+    assert consumers.consuming(listed, HANDLERS, pods, "shop") == expected
+
+
+@pytest.mark.parametrize(
+    ("running", "cost"),
+    [
+        pytest.param([], 0, id="idle"),
+        pytest.param([3.0, 9.9], 0, id="short-tasks-finish-in-the-soft-shutdown"),
+        pytest.param([10.0], 1, id="ten-seconds"),
+        pytest.param([1.0, 400.0], 3, id="longest-counts"),
+        pytest.param([3 * 3600.0], 5, id="hours"),
+    ],
+)
+def test_deletion_cost_steps(running: list[float], cost: int) -> None:
+    assert costs.deletion_cost(running) == cost
+
+
+def test_only_changed_costs_are_written_costliest_first_and_bounded() -> None:
+    wanted = {"a": 0, "b": 3, "c": 1, "d": 0, "e": 2}
+    current: dict[str, str | None] = {"a": None, "b": "3", "c": "0", "d": "2", "e": None}
+    assert costs.costs_to_write(wanted, current, limit=2) == {"e": 2, "c": 1}
+    assert costs.costs_to_write(wanted, current, limit=10) == {"e": 2, "c": 1, "d": 0}
+    assert costs.costs_to_write({"a": 0}, {"a": None}, limit=10) == {}, "an idle pod without annotation: no write"
+
+
+def test_running_tasks_are_tracked_per_worker_and_bounded() -> None:
+    running = RunningTasks(limit=3)
+    running.started("t1", "a", 0.0)
+    running.started("t2", "a", 5.0)
+    running.started("t3", "b", 6.0)
+    assert {worker: sorted(times) for worker, times in running.elapsed(10.0).items()} == {"a": [5.0, 10.0], "b": [4.0]}
+    running.ended("t1")
+    running.started("t4", "b", 7.0)
+    running.started("t5", "b", 8.0)  # over the limit: the oldest start goes
+    assert sorted(running.elapsed(10.0)) == ["b"]
+    running.forget("b")
+    assert running.elapsed(10.0) == {}
+
+
+THRESHOLD = 30.0
+
+
+def judged(memory: StuckMemory, now: float, **facts: object) -> list[str]:
+    arguments: dict[str, object] = {
+        "last_heard": {"a": now, "b": now},
+        "consuming": {"a": True, "b": True},
+        "waiting": 10,
+        "heartbeats_known": True,
+    } | facts
+    found = judge(memory, ["a", "b"], now=now, threshold=THRESHOLD, **arguments)  # type: ignore[arg-type]
+    return [f"{worker.pod}: {worker.why}" for worker in found]
+
+
+def test_a_worker_that_heartbeats_but_consumes_nothing_while_messages_wait_is_stuck_after_the_threshold() -> None:
+    memory = StuckMemory()
+    assert judged(memory, 0.0) == []
+    assert judged(memory, 10.0, consuming={"a": True, "b": False}) == []
+    assert judged(memory, 39.0, consuming={"a": True, "b": False}) == []
+    assert judged(memory, 41.0, consuming={"a": True, "b": False}) == [
+        "b: heartbeats but consumes from no handler queue for 31 s while 10 messages wait"
+    ]
+    assert judged(memory, 42.0, consuming={"a": True, "b": False}, waiting=0) == [], "nothing waits: not stuck"
+    assert judged(memory, 43.0, consuming={"a": True, "b": None}) == [], "unknown is not stuck"
+    assert judged(memory, 44.0, consuming=None) == [], "consumers not listed"
+
+
+def test_a_worker_whose_heartbeats_stop_while_running_is_stuck_after_the_threshold() -> None:
+    memory = StuckMemory()
+    assert judged(memory, 0.0) == []
+    assert judged(memory, 25.0, last_heard={"a": 25.0, "b": 5.0}) == []
+    assert judged(memory, 40.0, last_heard={"a": 40.0, "b": 5.0}) == ["b: no heartbeat for 35 s while Running"]
+
+
+def test_silence_is_counted_only_while_heartbeats_are_known_and_from_when_they_were_known_again() -> None:
+    memory = StuckMemory()
+    assert judged(memory, 0.0, last_heard={}) == []
+    assert judged(memory, 100.0, last_heard={}, heartbeats_known=False) == [], "the events consumer is down"
+    assert judged(memory, 110.0, last_heard={}) == [], "known again: a fresh window"
+    assert judged(memory, 141.0, last_heard={"a": 141.0}) == ["b: no heartbeat for 31 s while Running"]
+
+
+def test_a_new_pod_gets_the_threshold_from_when_it_was_first_seen_running() -> None:
+    memory = StuckMemory()
+    judge(memory, ["a"], last_heard={"a": 0.0}, consuming=None, waiting=0, heartbeats_known=True, now=0.0, threshold=30)
+    found = judge(
+        memory,
+        ["a", "b"],
+        last_heard={"a": 50.0},
+        consuming=None,
+        waiting=0,
+        heartbeats_known=True,
+        now=50.0,
+        threshold=30,
+    )
+    assert found == ()

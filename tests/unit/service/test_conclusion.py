@@ -1,0 +1,504 @@
+"""The whole status of a service concluded from what a pass observed (pure): tables of observations → status,
+Events and annotations — the cases of the reconcile, of the status pass and of the events consumer."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+import pytest
+
+from celery_event_operator.api.metadata import DECLARED_ANNOTATION
+from celery_event_operator.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus, parse_spec
+from celery_event_operator.broker.address import ManagementURLRejectedError
+from celery_event_operator.errors import (
+    BrokerRefusedError,
+    BrokerSecretError,
+    BrokerUnavailableError,
+    ImmutableFieldChangedError,
+    InvalidSpecError,
+    UnsupportedOperationError,
+)
+from celery_event_operator.injection.outcome import WorkersOutcome
+from celery_event_operator.lifecycle.stuck import StuckWorker
+from celery_event_operator.scaling.depths import QueueDepth
+from celery_event_operator.service.conclusion import (
+    Announced,
+    Conclusion,
+    conclude,
+    conclude_deletion,
+    patch_of,
+    status_of,
+)
+from celery_event_operator.service.observations import (
+    Evicted,
+    LifecycleSeen,
+    MonitoringSeen,
+    Observations,
+    QueuesSeen,
+    Scaled,
+    ScalingSeen,
+)
+from celery_event_operator.topology import outcome, plan
+from celery_event_operator.topology.declared import Declared, DeclaredQueue
+from celery_event_operator.topology.outcome import DeclareOutcome
+
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+LATER = NOW + datetime.timedelta(minutes=1)
+GOOD_SPEC = {
+    "broker": {"secretRef": {"name": "rabbitmq"}},
+    "events": {"handlers": [{"name": "e"}]},
+    "retry": {"maxRetries": 1},
+    "workers": {"scaleTargetRef": {"kind": "Deployment", "name": "w"}},
+}
+SPEC = parse_spec(GOOD_SPEC)
+AUTOSCALED = parse_spec({**GOOD_SPEC, "autoscaling": {"enabled": True}})
+TOPOLOGY = plan.plan("billing", SPEC)
+HEALTHY = DeclareOutcome(TOPOLOGY, "h:5672 vhost '/'", report=outcome.Report())
+DEPTHS = (
+    QueueDepth("billing.e", "events", 7, 2),
+    QueueDepth("billing:retry", "retry", 3, 0),
+    QueueDepth("billing:archived", "archive", 1, 0),
+)
+SELECTOR = "celeryevents.io/service=billing"
+
+
+def reconciled(topology: DeclareOutcome = HEALTHY, **seen: Any) -> Observations:
+    return Observations(3, SPEC, topology=topology, **seen)
+
+
+def status_passed(spec: CeleryEventServiceSpec = SPEC, **seen: Any) -> Observations:
+    return Observations(3, spec, **seen)
+
+
+def run(*passes: Observations, status: CeleryEventServiceStatus | None = None) -> list[Conclusion]:
+    """Passes one after the other, each from the last one's status and memory, as the keeper runs them."""
+    previous, announced, found = status or CeleryEventServiceStatus(), Announced(), []
+    for number, seen in enumerate(passes):
+        conclusion = conclude(previous, seen, announced, NOW + datetime.timedelta(minutes=number))
+        previous, announced = conclusion.status, conclusion.announced
+        found.append(conclusion)
+    return found
+
+
+def conditions(conclusion: Conclusion) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in conclusion.status.conditions}
+
+
+def events(conclusion: Conclusion) -> list[tuple[str, str]]:
+    return [(note.type, note.reason) for note in conclusion.events]
+
+
+# --- the reconcile --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seen", "expected", "expected_events"),
+    [
+        pytest.param(
+            reconciled(),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+            },
+            [],
+            id="healthy",
+        ),
+        pytest.param(
+            Observations(3, invalid=InvalidSpecError("invalid spec: retry.maxRetries: too large")),
+            {"Ready": ("False", "InvalidSpec")},
+            [("Warning", "InvalidSpec")],
+            id="invalid-spec",
+        ),
+        pytest.param(
+            Observations(3, invalid=ImmutableFieldChangedError("queueType is immutable")),
+            {"Ready": ("False", "ImmutableFieldChanged")},
+            [("Warning", "ImmutableFieldChanged")],
+            id="immutable-changed",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, failure=BrokerSecretError("Secret default/rabbitmq does not exist"))),
+            {
+                "Ready": ("False", "BrokerSecretInvalid"),
+                "BrokerReachable": ("False", "BrokerSecretInvalid"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "BrokerSecretInvalid")],
+            id="secret-invalid",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, failure=ManagementURLRejectedError("another host"))),
+            {
+                "Ready": ("False", "ManagementURLRejected"),
+                "BrokerReachable": ("False", "ManagementURLRejected"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "ManagementURLRejected")],
+            id="management-url-rejected",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("cannot reach the broker"))),
+            {
+                "Ready": ("False", "BrokerUnreachable"),
+                "BrokerReachable": ("False", "BrokerUnreachable"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "BrokerUnreachable")],
+            id="unreachable",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, "h", BrokerRefusedError("access refused"))),
+            {
+                "Ready": ("False", "BrokerRefused"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("False", "BrokerRefused"),
+            },
+            [("Warning", "BrokerRefused")],
+            id="refused",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, "h", UnsupportedOperationError("if-empty on a quorum queue"))),
+            {
+                "Ready": ("False", "UnsupportedOperation"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("False", "UnsupportedOperation"),
+            },
+            [("Warning", "UnsupportedOperation")],
+            id="unsupported",
+        ),
+        pytest.param(
+            reconciled(
+                DeclareOutcome(
+                    TOPOLOGY,
+                    "h",
+                    report=outcome.Report(problems=[outcome.Problem("billing:archived", "another x-max-length")]),
+                )
+            ),
+            {
+                "Ready": ("False", "TopologyMismatch"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("False", "ArgumentMismatch"),
+            },
+            [("Warning", "ArgumentMismatch")],
+            id="argument-mismatch",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", configmap_error="cannot write ConfigMap default/x: HTTP 403")),
+            {
+                "Ready": ("False", "WorkersNotConfigured"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("False", "ConfigMapFailed"),
+            },
+            [("Warning", "ConfigMapFailed")],
+            id="configmap-failed",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", pods=2, pods_current=2)),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("True", "SettingsCurrent"),
+            },
+            [],
+            id="workers-current",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1")),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("True", "SettingsCurrent"),
+            },
+            [],
+            id="no-pods-yet",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", stamped="Deployment/w", pods=2, pods_current=0)),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("False", "RolloutPending"),
+            },
+            [("Normal", "RolloutStarted")],
+            id="rolling-out",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", target_error="Deployment default/w does not exist")),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("False", "ScaleTargetNotFound"),
+            },
+            [("Warning", "ScaleTargetNotFound")],
+            id="target-missing",
+        ),
+        pytest.param(
+            reconciled(monitoring=MonitoringSeen(True)),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "MonitoringReady": ("True", "Consuming"),
+            },
+            [],
+            id="consuming",
+        ),
+        pytest.param(
+            reconciled(monitoring=MonitoringSeen(True, "not connected yet")),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "MonitoringReady": ("False", "EventsNotConsumed"),
+            },
+            [],
+            id="consumer-connecting-is-no-event",
+        ),
+        pytest.param(
+            reconciled(monitoring=MonitoringSeen(True, "queue billing.celeryev missing", own_failure=True)),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "MonitoringReady": ("False", "EventsNotConsumed"),
+            },
+            [("Warning", "EventsNotConsumed")],
+            id="consumer-failure",
+        ),
+    ],
+)
+def test_a_pass_concludes_conditions_and_events(
+    seen: Observations, expected: dict[str, tuple[str, str]], expected_events: list[tuple[str, str]]
+) -> None:
+    [conclusion] = run(seen)
+    assert conditions(conclusion) == expected
+    assert list(conditions(conclusion)) == sorted(
+        expected, key=["Ready", "BrokerReachable", "TopologyReady", "WorkersConfigured", "MonitoringReady"].index
+    ), "conditions in a fixed order"
+    assert events(conclusion) == expected_events
+    assert conclusion.status.observed_generation == 3
+
+
+def test_the_same_failure_again_posts_nothing_and_a_recovery_posts_one_event() -> None:
+    down = reconciled(DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("cannot reach the broker")))
+    first, again, back = run(down, down, reconciled())
+    assert events(first) == [("Warning", "BrokerUnreachable")]
+    assert events(again) == []
+    assert events(back) == [("Normal", "Connected")]
+    broker = next(c for c in back.status.conditions if c.type == "BrokerReachable")
+    assert broker.last_transition_time == "2026-01-01T00:02:00Z", "moved with the status, not with each pass"
+
+
+def test_an_outage_keeps_the_counters_no_numbers_from_missing_data() -> None:
+    counted, down, unknown = run(
+        status_passed(queues=QueuesSeen(DEPTHS, "ready + unacknowledged")),
+        reconciled(DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down"))),
+        status_passed(queues=QueuesSeen(None, problem="down")),
+    )
+    assert (counted.status.queue_length, counted.status.retrying, counted.status.archived) == (7, 3, 1)
+    assert counted.status.consumers == 2, "consumers of the handler queues only"
+    assert down.status.queue_length == unknown.status.queue_length == 7
+
+
+def test_remembered_entities_change_only_when_the_declared_ones_do() -> None:
+    [first] = run(reconciled())
+    assert Declared.from_json(first.annotations[DECLARED_ANNOTATION]) == Declared.of(TOPOLOGY)
+    [again] = run(reconciled(declared=Declared.of(TOPOLOGY)))
+    assert again.annotations == {}
+
+
+def test_kept_and_removed_entities_are_told() -> None:
+    report = outcome.Report(kept=[outcome.QueueState("billing.old", None, 4, 0)])
+    report.note_removed(("queue", "billing:retry.1"))
+    report.note_removed(("exchange", "billing:retry.1"))
+    obsolete = Declared(
+        frozenset({"billing:retry.1"}), frozenset({DeclaredQueue("billing:retry.1"), DeclaredQueue("billing.old")})
+    )
+    [conclusion] = run(
+        reconciled(DeclareOutcome(TOPOLOGY, "h", report=report), declared=Declared.of(TOPOLOGY) | obsolete)
+    )
+    topology = next(c for c in conclusion.status.conditions if c.type == "TopologyReady")
+    assert "billing.old (4 messages)" in topology.message
+    assert events(conclusion) == [("Normal", "Removed")]
+    remembered = Declared.from_json(conclusion.annotations[DECLARED_ANNOTATION]).entities
+    assert ("queue", "billing.old") in remembered
+    assert not {("queue", "billing:retry.1"), ("exchange", "billing:retry.1")} & remembered
+
+
+# --- the status pass ------------------------------------------------------------------------------------------
+
+SCALED = Scaled("Deployment/w", 1, 3, "queue length 60 asks for 3", "2026-01-01T00:00:00Z")
+
+
+@pytest.mark.parametrize(
+    ("scaling", "fields", "expected_events"),
+    [
+        pytest.param(ScalingSeen(SELECTOR), {"selector": SELECTOR}, [], id="no-workers"),
+        pytest.param(
+            ScalingSeen(SELECTOR, replicas=2, workload=2, scale_checked=True),
+            {"selector": SELECTOR, "replicas": 2},
+            [],
+            id="replicas",
+        ),
+        pytest.param(
+            ScalingSeen(SELECTOR, replicas=2, desired=3, workload=1, scale_checked=True, scaled=SCALED),
+            {"selector": SELECTOR, "replicas": 2, "desiredReplicas": 3, "lastScaleTime": "2026-01-01T00:00:00Z"},
+            [("Normal", "Scaled")],
+            id="scaled",
+        ),
+        pytest.param(
+            ScalingSeen(SELECTOR, replicas=1, desired=3, workload=1, scale_checked=True, failed="HTTP 403"),
+            {"selector": SELECTOR, "replicas": 1, "desiredReplicas": 3},
+            [("Warning", "ScalingFailed")],
+            id="scale-refused",
+        ),
+        pytest.param(
+            ScalingSeen(SELECTOR, scale_problem="cannot read the scale of Deployment default/w: HTTP 403"),
+            {"selector": SELECTOR},
+            [("Warning", "ScalingPaused")],
+            id="scale-unreadable",
+        ),
+    ],
+)
+def test_the_status_pass_concludes_replicas(
+    scaling: ScalingSeen, fields: dict[str, Any], expected_events: list[tuple[str, str]]
+) -> None:
+    [conclusion] = run(status_passed(AUTOSCALED, scaling=scaling))
+    assert patch_of(conclusion.status) == {"conditions": [], **fields}
+    assert events(conclusion) == expected_events
+    assert conclusion.status.observed_generation is None, "a status pass does not observe the spec"
+
+
+@pytest.mark.parametrize(
+    ("spec", "passes", "paused"),
+    [
+        pytest.param(SPEC, 3, 0, id="nothing-to-scale-no-event"),
+        pytest.param(AUTOSCALED, 3, 1, id="once-per-problem"),
+        pytest.param(parse_spec({**GOOD_SPEC, "workers": {**GOOD_SPEC["workers"], "replicas": 2}}), 3, 1, id="spec"),
+    ],
+)
+def test_an_unreadable_scale_is_announced_once_and_only_when_something_is_to_be_scaled(
+    spec: CeleryEventServiceSpec, passes: int, paused: int
+) -> None:
+    unreadable = ScalingSeen(SELECTOR, scale_problem="cannot read the scale: HTTP 403")
+    found = run(*[status_passed(spec, scaling=unreadable)] * passes)
+    assert sum(events(c).count(("Warning", "ScalingPaused")) for c in found) == paused
+
+
+def test_a_scale_problem_is_announced_again_only_after_the_scale_was_read() -> None:
+    unreadable = ScalingSeen(SELECTOR, scale_problem="HTTP 403")
+    unknown_depths = ScalingSeen(SELECTOR)  # the scale was not looked at
+    readable = ScalingSeen(SELECTOR, replicas=1, workload=1, scale_checked=True)
+    found = run(*(status_passed(AUTOSCALED, scaling=s) for s in (unreadable, unknown_depths, unreadable, readable)))
+    assert [events(c) for c in found] == [[("Warning", "ScalingPaused")], [], [], []]
+    again = run(*(status_passed(AUTOSCALED, scaling=s) for s in (unreadable, readable, unreadable)))
+    assert [events(c) for c in again] == [[("Warning", "ScalingPaused")], [], [("Warning", "ScalingPaused")]]
+
+
+@pytest.mark.parametrize(
+    ("spec", "paused"),
+    [pytest.param(SPEC, [], id="not-autoscaled"), pytest.param(AUTOSCALED, [("Warning", "ScalingPaused")], id="auto")],
+)
+def test_unknown_queue_lengths_pause_autoscaling_once(
+    spec: CeleryEventServiceSpec, paused: list[tuple[str, str]]
+) -> None:
+    unknown = status_passed(spec, queues=QueuesSeen(None, problem="management API down"))
+    first, again, known, unknown_again = run(unknown, unknown, status_passed(spec, queues=QueuesSeen(DEPTHS)), unknown)
+    assert events(first) == paused
+    assert events(again) == []
+    assert events(unknown_again) == paused, "a new episode is announced again"
+    assert all("management API down" in note.message for note in first.events)
+    assert known.status.queue_length == 7
+
+
+def test_an_eviction_is_told() -> None:
+    [conclusion] = run(status_passed(evicted=Evicted("w-1", "it runs settings old, not the current new")))
+    assert [(n.reason, n.message) for n in conclusion.events] == [
+        ("PodEvicted", "evicted pod w-1: it runs settings old, not the current new")
+    ]
+
+
+def test_the_consumer_recovers_with_one_event_only_after_an_announced_failure() -> None:
+    failing = status_passed(monitoring=MonitoringSeen(True, "queue missing", own_failure=True))
+    broker_down = status_passed(monitoring=MonitoringSeen(True, "broker down"))
+    fine = status_passed(monitoring=MonitoringSeen(True))
+    found = run(failing, failing, fine, broker_down, fine)
+    assert [events(c) for c in found] == [
+        [("Warning", "EventsNotConsumed")],
+        [],
+        [("Normal", "Consuming")],
+        [],
+        [],
+    ]
+    [off] = run(status_passed(monitoring=MonitoringSeen(False)), status=found[-1].status)
+    assert "MonitoringReady" not in conditions(off), "monitoring switched off: no condition"
+
+
+def test_status_of_a_body_keeps_what_fits_the_schema() -> None:
+    body = {
+        "status": {
+            "queueLength": 4,
+            "replicas": "many",  # hand-edited
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "R", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            ],
+        }
+    }
+    status = status_of(body)
+    assert (status.queue_length, status.replicas) == (4, None)
+    assert [c.type for c in status.conditions] == ["Ready"]
+    assert status_of({}) == CeleryEventServiceStatus()
+
+
+def test_deletion_events() -> None:
+    report = outcome.Report(removed=["billing.e"], kept=[outcome.QueueState("billing:archived", None, 2, 0)])
+    notes = conclude_deletion(DeclareOutcome(TOPOLOGY, "h", report=report))
+    assert [(n.type, n.reason) for n in notes] == [("Normal", "Removed"), ("Warning", "KeptNonEmpty")]
+    assert "billing:archived (2 messages)" in notes[1].message
+    unreachable = conclude_deletion(DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down")))
+    assert [(n.type, n.reason, n.message) for n in unreachable] == [
+        ("Warning", "BrokerUnreachable", "the service's queues were not removed: down")
+    ]
+
+
+def test_observations_are_plain_frozen_data() -> None:
+    seen = reconciled()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seen.generation = 4  # type: ignore[misc]
+
+
+def test_stuck_workers_are_named_in_workers_healthy_and_announced_once_each() -> None:
+    silent = StuckWorker("w-1", "no heartbeat for 130 s while Running")
+    idle = StuckWorker("w-2", "heartbeats but consumes from no handler queue for 125 s while 40 messages wait")
+    found = run(
+        status_passed(lifecycle=LifecycleSeen(2)),
+        status_passed(lifecycle=LifecycleSeen(2, (silent,))),
+        status_passed(lifecycle=LifecycleSeen(2, (silent, idle))),
+        status_passed(lifecycle=LifecycleSeen(2, (silent, idle))),
+        status_passed(lifecycle=LifecycleSeen(2, unchecked="queue lengths unknown: down")),
+        status_passed(lifecycle=LifecycleSeen(2)),
+    )
+    assert [conditions(c)["WorkersHealthy"] for c in found] == [
+        ("True", "WorkersHealthy"),
+        ("False", "WorkersStuck"),
+        ("False", "WorkersStuck"),
+        ("False", "WorkersStuck"),
+        ("Unknown", "NotChecked"),
+        ("True", "WorkersHealthy"),
+    ]
+    assert [[n.message for n in c.events] for c in found[:4]] == [
+        [],
+        ["worker pod w-1: no heartbeat for 130 s while Running"],
+        ["worker pod w-2: heartbeats but consumes from no handler queue for 125 s while 40 messages wait"],
+        [],
+    ]
+    message = next(c.message for c in found[2].status.conditions if c.type == "WorkersHealthy")
+    assert message.startswith("w-1: no heartbeat for 130 s while Running; w-2: heartbeats but")
+    assert events(found[4]) == [], "not judged: no Event"
