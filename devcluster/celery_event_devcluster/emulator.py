@@ -15,7 +15,10 @@ kmock 0.8 stores and serves objects, but a real `kopf run` and `kubectl` need mo
 This subclass keeps kmock's storage, discovery, routing and error rendering, and replaces the
 object lifecycle (create/patch/replace/delete/list/watch) with one that does the above the way the
 real API server does. What it takes from kmock's internals is confined to kmock_internals.py (exact pin in pyproject).
-What it still does not emulate: admission (webhooks, schema validation, CEL), owner-reference
+Opt-in (`access`, see access.py): RBAC for the identities of given bearer tokens, decided from the API's own
+Roles, ClusterRoles and bindings (rbac.py), with the real 403 bodies, and the OwnerReferencesPermissionEnforcement
+admission plugin (owner_references.py); every other caller is the administrator, unrestricted.
+What it still does not emulate: other admission (webhooks, schema validation, CEL), owner-reference
 garbage collection, strategic merge (treated as a JSON merge patch), PodDisruptionBudgets (an
 eviction always deletes the pod), and protobuf beyond the Secrets and ConfigMaps kubectl creates (protobuf.py).
 """
@@ -26,6 +29,7 @@ import asyncio
 import base64
 import collections
 import copy
+import dataclasses
 import datetime
 import json
 import secrets
@@ -37,7 +41,8 @@ import aiohttp.web
 import attrs
 import kmock
 
-from celery_event_devcluster import jsonpatch, kmock_internals, printing, protobuf
+from celery_event_devcluster import jsonpatch, kmock_internals, owner_references, printing, protobuf, rbac
+from celery_event_devcluster.access import AccessControl, UnauthenticatedError
 from celery_event_devcluster.kmock_internals import Bus
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -67,6 +72,31 @@ def _resource_of(request: kmock.Request) -> kmock.resource:
     if request.resource is None:
         raise kmock.KubernetesEndpointNotFoundError()
     return request.resource
+
+
+def _attributes(request: kmock.Request) -> rbac.Request:
+    """What the authorizer decides a request on."""
+    resource = _resource_of(request)
+    return rbac.Request(
+        verb=rbac.verb_of(
+            request.method.value if request.method else "",
+            named=request.name is not None,
+            watch=request.action == kmock.action.WATCH,
+        ),
+        group=resource.group or "",
+        resource=str(resource.plural),
+        subresource=request.subresource or "",
+        namespace=request.namespace or "",
+        name=request.name or "",
+    )
+
+
+def _forbidden(attributes: rbac.Request, message: str) -> kmock.KubernetesError:
+    """A 403 as the API server sends it: the resource (not the subresource) and name in `details`."""
+    details = {"name": attributes.name, "group": attributes.group, "kind": attributes.resource}
+    return kmock.KubernetesError(
+        status=403, reason="Forbidden", message=message, details={k: v for k, v in details.items() if v}
+    )
 
 
 def _object_key(request: kmock.Request, namespace: str | None, name: str) -> tuple[kmock.resource, str | None, str]:
@@ -184,6 +214,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _crds: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
     # Our own lock over the object store: every object request is served by this class, none by kmock's.
     _store_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    # Whom it restricts (nobody by default) and what they asked.
+    access: AccessControl = attrs.field(factory=AccessControl, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -238,7 +270,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Objects are served here; discovery and anything else by kmock's reactions."""
         if request.resource is None or request.resource.plural is None:
-            return await kmock_internals.serve_by_kmock(self, request)
+            return await kmock_internals.serve_by_kmock(self, request)  # discovery: open to every identity
+        self._authorize(request)
         if request.action == kmock.action.WATCH:
             return await self._watch(request)
         if request.subresource == "scale" and request.name is not None:
@@ -261,6 +294,59 @@ class KubeEmulator(kmock.KubernetesEmulator):
         raise kmock.KubernetesError(
             status=405, reason="MethodNotAllowed", message=f"{request.method} is not supported here"
         )
+
+    # --- authentication, RBAC, admission ----------------------------------------------------
+
+    def _requester(self, request: kmock.Request) -> rbac.Identity | None:
+        """Who asks: None for the administrator (no credentials)."""
+        headers = kmock_internals.aiohttp_request(request).headers  # case-insensitive, repeated ones kept
+        try:
+            return self.access.identify(
+                headers.get("Authorization", ""),
+                headers.get("Impersonate-User", ""),
+                headers.getall("Impersonate-Group", []),
+            )
+        except UnauthenticatedError:
+            raise kmock.KubernetesError(status=401, reason="Unauthorized", message="Unauthorized") from None
+
+    def _policy(self) -> rbac.Policy:
+        """The RBAC objects stored now (read on each request, as changes to them apply at once)."""
+        return rbac.Policy.of(
+            {**obj.raw, "apiVersion": f"{resource.group}/{resource.version}", "kind": self.resources[resource].kind}
+            for (resource, _, _), obj in self.objects.items()
+            if resource.group == rbac.RBAC_GROUP and not obj.deleted and resource in self.resources
+        )
+
+    def _authorize(self, request: kmock.Request) -> None:
+        identity = self._requester(request)
+        if identity is None:
+            return
+        attributes = _attributes(request)
+        if not self._policy().allows(identity, attributes):
+            self.access.record(identity, attributes, refused_by="RBAC")
+            raise _forbidden(attributes, rbac.forbidden_message(identity, attributes))
+        self.access.record(identity, attributes)
+
+    def _rest_mappings(self, api_version: str, kind: str) -> list[owner_references.RestMapping]:
+        group, _, version = api_version.rpartition("/")
+        return [
+            owner_references.RestMapping(group, str(resource.plural), bool(self.resources[resource].namespaced))
+            for resource in self.resources
+            if resource.group == group and resource.version == version and self.resources[resource].kind == kind
+        ]
+
+    def _admit(self, request: kmock.Request, new: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """The enabled admission plugins on a restricted identity's create (`old` None) or update."""
+        identity = self._requester(request)
+        if identity is None or owner_references.NAME not in self.access.admission:
+            return
+        attributes = dataclasses.replace(_attributes(request), name=new["metadata"]["name"])
+        refused = owner_references.denial(
+            self._policy(), identity, attributes, new=new, old=old, rest_mapper=self._rest_mappings
+        )
+        if refused is not None:
+            self.access.record(identity, attributes, refused_by=owner_references.NAME)
+            raise _forbidden(attributes, refused)
 
     # --- object lifecycle -------------------------------------------------------------------
 
@@ -309,6 +395,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
             if request.resource == SECRET_RESOURCE:
                 _encode_string_data(body)
+            self._admit(request, body, None)
             meta.update(
                 uid=str(uuid.uuid4()),
                 creationTimestamp=_now(),
@@ -346,6 +433,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             new = self._apply_subresource_rules(request, current, proposed)
             if request.resource == SECRET_RESOURCE:
                 _encode_string_data(new)
+            self._admit(request, new, current)
             if new == current:
                 return current  # a no-op write changes nothing, not even resourceVersion
             meta = new["metadata"]

@@ -22,13 +22,16 @@ async def serve(host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[tuple[K
         yield emulator, str(server.url).rstrip("/")
 
 
-def write_kubeconfig(path: pathlib.Path, server_url: str, namespace: str = "default") -> pathlib.Path:
-    """A kubeconfig whose current context is the emulator (plain HTTP, no credentials: it checks none)."""
+def write_kubeconfig(
+    path: pathlib.Path, server_url: str, namespace: str = "default", token: str | None = None
+) -> pathlib.Path:
+    """A kubeconfig whose current context is the emulator (plain HTTP). Without a token it carries no
+    credentials: the administrator's; with one, the identity the emulator was told that token is."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": CONTEXT_NAME, "cluster": {"server": server_url}}],
-        "users": [{"name": CONTEXT_NAME, "user": {}}],
+        "users": [{"name": CONTEXT_NAME, "user": {"token": token} if token else {}}],
         "contexts": [
             {"name": CONTEXT_NAME, "context": {"cluster": CONTEXT_NAME, "user": CONTEXT_NAME, "namespace": namespace}}
         ],

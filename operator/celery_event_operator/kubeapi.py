@@ -1,6 +1,6 @@
 """The few Kubernetes API calls the operator makes beside kopf's own (I/O, official client, sync).
 
-Every call made here is listed in API_CALLS, which the chart's RBAC must cover.
+Every call made here is listed in API_CALLS, which the chart's RBAC must grant, and nothing more.
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from celery_event_operator.api.metadata import GROUP
 from celery_event_operator.api.models import PLURAL, VERSION
 from celery_event_operator.errors import BrokerSecretError, KubeError, NotFoundError
 
-# (API group, resource, verb) of every call the operator process makes; the chart's RBAC is tested
-# against this list. (`read_service` serves the command line, which runs with its user's credentials.)
+# (API group, resource, verb) of every call the operator process makes (kopf's included). The chart's rules
+# grant exactly these (tests/unit/chart/test_chart.py), and every request of the running operator under the
+# chart's RBAC must be one of them (tests/integration/test_chart_rbac.py): a new call needs both an entry here
+# and a rule in charts/celery-event-operator/templates/rbac.yaml. (`read_service` serves the command line, which
+# runs with its user's credentials.)
 API_CALLS = (
     # kopf: watching and patching the resources (annotations, finalizers), their status, Events.
     ("celeryevents.io", "celeryeventservices", "list"),

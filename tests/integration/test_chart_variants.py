@@ -14,6 +14,7 @@ import base64
 import http.client
 import json
 import pathlib
+import re
 import socket
 import ssl
 import subprocess
@@ -29,7 +30,7 @@ import yaml
 from celery_event_operator import certs
 from tests.conftest import REPO
 from tests.support.kube import EmulatedApi
-from tests.support.operator_process import accepts, admission_review
+from tests.support.operator_process import accepts, admission_review, free_port
 from tests.support.waiting import eventually, stays
 from tests.unit.chart.test_chart import VALUE_SETS
 
@@ -67,7 +68,7 @@ def _mount(volume: dict[str, Any], secrets: dict[str, dict[str, str]], directory
             (directory / key).write_bytes(base64.b64decode(value))
 
 
-def _webhook_secrets(documents: list[dict[str, Any]], tmp_path: pathlib.Path) -> tuple[dict[str, dict[str, str]], str]:
+def webhook_secrets(documents: list[dict[str, Any]], tmp_path: pathlib.Path) -> tuple[dict[str, dict[str, str]], str]:
     """The data of every Secret a pod mounts, and the CA that verifies the webhook (base64 PEM)."""
     rendered = {s["metadata"]["name"]: s["data"] for s in of_kind(documents, "Secret")}
     configurations = of_kind(documents, "MutatingWebhookConfiguration")
@@ -87,25 +88,55 @@ def _webhook_secrets(documents: list[dict[str, Any]], tmp_path: pathlib.Path) ->
     return rendered, ca_bundle
 
 
-def _start(
-    container: dict[str, Any],
-    volumes: list[dict[str, Any]],
-    secrets: dict[str, dict[str, str]],
-    tmp_path: pathlib.Path,
-    kubeconfig: pathlib.Path,
-) -> subprocess.Popen[bytes]:
-    by_name = {volume["name"]: volume for volume in volumes}
-    args = list(container["args"])
-    for mount in container.get("volumeMounts", []):
-        directory = tmp_path / "mounts" / mount["name"]
-        _mount(by_name[mount["name"]], secrets, directory)
-        args = [arg.replace(mount["mountPath"], str(directory)) for arg in args]
-    env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    env |= {item["name"]: item["value"] for item in container.get("env", [])}
-    log = (tmp_path / "operator.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery_event_operator.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+class Pod:
+    """One pod of a rendered Deployment: the container's command with its args and mounts, on ports of its own
+    (each pod has an address of its own, processes here share one: the chart's fixed ports would clash between
+    replicas, and with other test runs on the machine)."""
+
+    def __init__(
+        self,
+        deployment: dict[str, Any],
+        secrets: dict[str, dict[str, str]],
+        directory: pathlib.Path,
+        kubeconfig: pathlib.Path,
+    ) -> None:
+        spec = deployment["spec"]["template"]["spec"]
+        [self.container] = spec["containers"]
+        declared = {port["name"]: port["containerPort"] for port in self.container["ports"]}
+        self.ports = {name: free_port() for name in declared}  # by the container port's name
+        self.log = directory / "operator.log"
+        by_name = {volume["name"]: volume for volume in spec["volumes"]}
+        args = list(self.container["args"])
+        for name, port in declared.items():
+            args = [re.sub(rf"(?<=[=:]){port}\b", str(self.ports[name]), arg) for arg in args]
+        for mount in self.container.get("volumeMounts", []):
+            mounted = directory / "mounts" / mount["name"]
+            _mount(by_name[mount["name"]], secrets, mounted)
+            args = [arg.replace(mount["mountPath"], str(mounted)) for arg in args]
+        env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(directory)}
+        env |= {item["name"]: item["value"] for item in self.container.get("env", [])}
+        directory.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery_event_operator.cli", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def ready(self) -> bool:
+        """The readiness probe passes (an exited process fails at once, with its log)."""
+        if self.process.poll() is not None:
+            raise AssertionError(f"the operator exited:\n{self.log.read_text(errors='replace')[-5000:]}")
+        return passes(self.container["readinessProbe"], self.ports)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
 
 
 def _answers(url: str) -> bool:
@@ -116,7 +147,7 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _passes(probe: dict[str, Any], ports: dict[str, int]) -> bool:
+def passes(probe: dict[str, Any], ports: dict[str, int]) -> bool:
     """A kubelet's httpGet or tcpSocket probe against the local process."""
     if "httpGet" in probe:
         return _answers(f"http://127.0.0.1:{ports[probe['httpGet']['port']]}{probe['httpGet']['path']}")
@@ -131,51 +162,53 @@ def test_every_rendered_operator_starts_and_serves_its_probes_and_webhook(
     for definition in of_kind(documents, "CustomResourceDefinition"):  # installed with the chart
         if definition["metadata"]["name"] != crd_installed["metadata"]["name"]:
             kube_api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition)
-    secrets, ca_bundle = _webhook_secrets(documents, tmp_path)
-    for index, deployment in enumerate(of_kind(documents, "Deployment")):  # one at a time: the same ports
-        pod = deployment["spec"]["template"]["spec"]
-        [container] = pod["containers"]
-        process = _start(container, pod["volumes"], secrets, tmp_path / f"pod-{index}", kube_api.kubeconfig)
+    secrets, ca_bundle = webhook_secrets(documents, tmp_path)
+    for index, deployment in enumerate(of_kind(documents, "Deployment")):  # one at a time: a shard per run
+        pod = Pod(deployment, secrets, tmp_path / f"pod-{index}", kube_api.kubeconfig)
         try:
-            _probe(process, container, documents, ca_bundle)
+            _probe(pod, documents, ca_bundle)
         except BaseException:
-            print((tmp_path / f"pod-{index}" / "operator.log").read_text(errors="replace")[-5000:])
+            print(pod.log.read_text(errors="replace")[-5000:])
             raise
         finally:
-            process.terminate()
-            process.wait(15)
+            pod.stop()
 
 
-def _probe(
-    process: subprocess.Popen[bytes], container: dict[str, Any], documents: list[dict[str, Any]], ca_bundle: str
-) -> None:
+def _probe(pod: Pod, documents: list[dict[str, Any]], ca_bundle: str) -> None:
     """What the kubelet and the API server ask of the pod: liveness, /metrics, and the webhook where enabled."""
-    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    eventually(lambda: _passes(container["livenessProbe"], ports), timeout=30, message="no liveness answer")
+    ports = pod.ports
+    eventually(lambda: passes(pod.container["livenessProbe"], ports), timeout=30, message="no liveness answer")
     # The Service sends admission requests only to a Ready pod: the webhook must answer once readiness passes.
-    eventually(lambda: _passes(container["readinessProbe"], ports), timeout=30, message="never Ready")
-    stays(lambda: process.poll() is None, seconds=2, message="the operator exited")
+    eventually(pod.ready, timeout=30, message="never Ready")
+    stays(lambda: pod.process.poll() is None, seconds=2, message="the operator exited")
     assert _answers(f"http://127.0.0.1:{ports['metrics']}/metrics")
-    configurations = of_kind(documents, "MutatingWebhookConfiguration")
-    if not configurations:
+    if not of_kind(documents, "MutatingWebhookConfiguration"):
         assert "webhook" not in ports
         return
-    service = configurations[0]["webhooks"][0]["clientConfig"]["service"]
+    worker = {
+        "metadata": {"name": "w", "labels": {"celeryevents.io/service": "billing"}},
+        "spec": {"containers": [{"name": "worker", "image": "app"}]},
+    }
+    answer = webhook_answer(documents, ports, ca_bundle, admission_review(worker))
+    assert answer["response"]["allowed"] is True
+
+
+def webhook_answer(
+    documents: list[dict[str, Any]], ports: dict[str, int], ca_bundle: str, review: dict[str, Any]
+) -> dict[str, Any]:
+    """An AdmissionReview sent as the API server sends it: to the webhook Service's port and path, over TLS
+    verified against the configuration's caBundle for the Service's DNS name."""
+    [configuration] = of_kind(documents, "MutatingWebhookConfiguration")
+    service = configuration["webhooks"][0]["clientConfig"]["service"]
     [manifest] = [s for s in of_kind(documents, "Service") if s["metadata"]["name"] == service["name"]]
     [target] = [p["targetPort"] for p in manifest["spec"]["ports"] if p["port"] == service["port"]]
     context = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
     connection = _PinnedHttps(
         f"{service['name']}.{service['namespace']}.svc", ports[target], context=context, timeout=10
     )
-    worker = {
-        "metadata": {"name": "w", "labels": {"celeryevents.io/service": "billing"}},
-        "spec": {"containers": [{"name": "worker", "image": "app"}]},
-    }
-    connection.request(
-        "POST", service["path"], json.dumps(admission_review(worker)), {"Content-Type": "application/json"}
-    )
-    answer = json.loads(connection.getresponse().read())
-    assert answer["response"]["allowed"] is True
+    connection.request("POST", service["path"], json.dumps(review), {"Content-Type": "application/json"})
+    answer: dict[str, Any] = json.loads(connection.getresponse().read())
+    return answer
 
 
 def test_the_generated_webhook_certificate_survives_upgrades(kube_api: EmulatedApi) -> None:

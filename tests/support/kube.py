@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import secrets
 import subprocess
 import threading
 import urllib.error
@@ -16,7 +17,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from celery_event_devcluster.access import Asked
 from celery_event_devcluster.emulator import KubeEmulator
+from celery_event_devcluster.rbac import Identity
 from celery_event_devcluster.server import serve, write_kubeconfig
 from tests.support import waiting
 
@@ -104,6 +107,31 @@ class EmulatedApi:
         assert self._stop is not None
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+
+    def _on_loop(self, work: Callable[[KubeEmulator], T]) -> T:
+        """Run `work` on the emulator's event loop (its state is the loop's alone)."""
+        assert self.emulator is not None
+        emulator = self.emulator
+
+        async def run() -> T:
+            return work(emulator)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def restricted_kubeconfig(self, identity: Identity, path: pathlib.Path) -> pathlib.Path:
+        """A kubeconfig whose requests come from `identity`: RBAC from the API's own Roles and bindings decides
+        them (and the admission plugins enabled with `admit`)."""
+        token = secrets.token_urlsafe(24)
+        self._on_loop(lambda emulator: emulator.access.restrict(token, identity))
+        return write_kubeconfig(path, self.url, token=token)
+
+    def admit(self, plugin: str) -> None:
+        """Enable an admission plugin for the restricted identities (owner_references.NAME)."""
+        self._on_loop(lambda emulator: emulator.access.admission.add(plugin))
+
+    def asked(self) -> dict[Asked, int]:
+        """What the restricted identities asked so far, and how often."""
+        return self._on_loop(lambda emulator: dict(emulator.access.asked))
 
     @property
     def client(self) -> KubeClient:

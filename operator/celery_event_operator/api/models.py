@@ -118,7 +118,8 @@ class Broker(Model):
         SecretKeyRef,
         Field(
             description=(
-                "Secret key holding the broker URL, amqp[s]://user:pass@host:port/vhost; "
+                "Secret key holding the broker URL as Celery takes it (CELERY_BROKER_URL): "
+                "amqp://, pyamqp:// or amqps://user:pass@host[:port]/vhost, '//' being the vhost '/'; "
                 "several URLs separated by ';' form a failover list."
             )
         ),

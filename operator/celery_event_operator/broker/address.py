@@ -1,9 +1,16 @@
 """Broker addresses (pure, stdlib only): the one place that parses a broker URL.
 
-A Secret's URL is parsed strictly: a URL that would not come back the same from a parser (a `/`, `#`,
-`?` or `@` left unescaped in the password, a port that is no number) is refused with a message that
-names the problem and never any part of the URL. Used by the operator, the command line and the worker
-runtime (which imports nothing but this module of the operator's).
+A Secret's URL means what it means to kombu (a team pastes its CELERY_BROKER_URL): the schemes of kombu's
+py-amqp transport (`amqp://`, `pyamqp://`, `amqps://`), `//` for the vhost `/` (`//shop` for `/shop`), the
+default port, user and password (guest) where the URL leaves them out, TLS from `amqps://` or from the
+query's `ssl`/`ssl_*` options. It is parsed strictly all the same: a URL that would not come back the same
+from a parser (a `/`, `#`, `?` or `@` left unescaped in the password, a `/` inside the vhost, a port that is
+no number) is refused with a message that names the problem and never any part of the URL. Used by the
+operator, the command line and the worker runtime (which imports nothing but this module of the operator's).
+
+The operator's own connections take the endpoint, credentials and vhost from the URL and nothing else of
+its query (their timeouts and heartbeat are the operator's; TLS is always verified); the workers' URL keeps
+its query as written.
 
 Credentials go to no host but the broker's: the management API's URL is derived from the broker URL
 (https on 15671 for amqps://, http on 15672 otherwise), or given explicitly — and then its host must be
@@ -19,23 +26,29 @@ import urllib.parse
 
 from celery_event_operator.errors import BrokerSecretError, OperatorError
 
-SCHEMES = {"amqp": 5672, "pyamqp": 5672, "amqps": 5671}
+# kombu's aliases of its py-amqp transport (kombu.transport.TRANSPORT_ALIASES), by TLS.
+SCHEMES = {"amqp": False, "pyamqp": False, "amqps": True}
+PORTS = {False: 5672, True: 5671}  # by TLS, as kombu's py-amqp transport defaults them
 MANAGEMENT_PORTS = {False: 15672, True: 15671}  # by TLS
+DEFAULT_LOGIN = "guest"  # kombu's user and password where the URL gives none (or an empty one)
 
 # scheme://[user[:password]@]host[:port][/vhost][?query] with every reserved character of the user,
 # password and vhost percent-encoded. `:` may appear in the password (only the first one separates).
+# kombu's vhost is the path after its first '/': `//` is the vhost '/' and `//shop` is '/shop' (Celery's
+# and kombu's documented forms); any other '/' must be encoded, as `/a/b` is 'a/b' to kombu but 'a' to
+# other clients and no vhost at all to RabbitMQ's URI spec.
 _URL = re.compile(
-    r"^(?P<scheme>[a-z]+)://"
+    r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://"
     r"(?:(?P<user>[^:@/?#\[\]\s]*)(?::(?P<password>[^@/?#\[\]\s]*))?@)?"
     r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^:@/?#\[\]\s]+)"
     r"(?::(?P<port>[0-9]{1,5}))?"
-    r"(?P<path>/[^/?#\s]*)?"
+    r"(?P<path>//?[^/?#\s]*)?"
     r"(?:\?(?P<query>[^#\s]*))?$"
 )
 _PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 URL_FORM = (
-    "amqp[s]://user:password@host[:port][/vhost], with '/', '#', '?', '@', '[', ']' and '%' "
-    "in the user, password or vhost percent-encoded"
+    "amqp[s]://[user[:password]@]host[:port][/vhost] (or pyamqp://; `//` is the vhost '/'), with '/', '#', "
+    "'?', '@', '[', ']' and '%' in the user, password or vhost percent-encoded"
 )
 
 
@@ -56,11 +69,8 @@ class Endpoint:
     password: str = dataclasses.field(repr=False)
     vhost: str
     query: str
+    tls: bool
     written: str = dataclasses.field(repr=False)  # the URL as the Secret has it
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme == "amqps"
 
     @property
     def host_port(self) -> str:
@@ -77,26 +87,36 @@ def parse_url(raw: str, *, position: int = 1) -> Endpoint:
     match = _URL.match(raw)
     if match is None:
         raise BrokerSecretError(f"{what} is not of the form {URL_FORM}")
-    if match["scheme"] not in SCHEMES:
-        raise BrokerSecretError(f"{what} is not an amqp[s]:// URL (its scheme is {match['scheme']!r})")
+    scheme = match["scheme"].lower()
+    if scheme == "pyamqps":
+        raise BrokerSecretError(f"{what}: kombu has no pyamqps:// transport; write amqps:// for AMQP over TLS")
+    if scheme not in SCHEMES:
+        raise BrokerSecretError(f"{what} is not an amqp[s]:// or pyamqp:// URL (its scheme is {scheme!r})")
     for part in ("user", "password", "path", "query"):
         if match[part] and _PERCENT.search(match[part]):
             raise BrokerSecretError(f"{what}: a '%' in the {part} is not followed by two hex digits; encode it as %25")
-    port = int(match["port"]) if match["port"] else SCHEMES[match["scheme"]]
+    query = match["query"] or ""
+    tls = SCHEMES[scheme] or _query_asks_for_tls(query)
+    port = int(match["port"]) if match["port"] else PORTS[tls]
     if not 0 < port < 65536:
         raise BrokerSecretError(f"{what} has a port out of range")
-    path = match["path"] or "/"
-    vhost = "/" if path == "/" else urllib.parse.unquote(path[1:])
     return Endpoint(
-        scheme=match["scheme"],
+        scheme=scheme,
         host=match["host"].strip("[]").lower(),
         port=port,
-        user=urllib.parse.unquote(match["user"]) if match["user"] is not None else "guest",
-        password=urllib.parse.unquote(match["password"]) if match["password"] is not None else "guest",
-        vhost=vhost,
-        query=match["query"] or "",
+        user=urllib.parse.unquote(match["user"] or "") or DEFAULT_LOGIN,
+        password=urllib.parse.unquote(match["password"] or "") or DEFAULT_LOGIN,
+        vhost=urllib.parse.unquote((match["path"] or "/")[1:]) or "/",
+        query=query,
+        tls=tls,
         written=raw,
     )
+
+
+def _query_asks_for_tls(query: str) -> bool:
+    """kombu's reading: an `ssl` option with any value, or any `ssl_*` option (the options become its `ssl`)."""
+    options = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    return any((key == "ssl" and value) or key.startswith("ssl_") for key, value in options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +129,10 @@ class BrokerAddress:
 
     @property
     def urls(self) -> tuple[str, ...]:
-        """With credentials and the address's vhost: for client libraries only, never to show."""
-        return tuple(_replace_vhost(endpoint.written, self.vhost) for endpoint in self.endpoints)
+        """The operator's own URLs (with credentials: for client libraries only, never to show): as written, with
+        the address's vhost and without the query, whose options are the workers' (the operator's connections
+        set their own timeouts, heartbeat and verified TLS)."""
+        return tuple(_replace_vhost(endpoint.written, self.vhost, query=False) for endpoint in self.endpoints)
 
     @property
     def tls(self) -> bool:
@@ -184,15 +206,17 @@ def parse(raw: str, *, failover_strategy: str = "round-robin", vhost_override: s
     return BrokerAddress(endpoints, failover_strategy, vhost)
 
 
-def _replace_vhost(written: str, vhost: str) -> str:
-    """The URL as written, with its vhost (its path) replaced; `written` was accepted by parse_url."""
+def _replace_vhost(written: str, vhost: str, *, query: bool = True) -> str:
+    """The URL as written, with its vhost (its path) replaced, and its query unless `query` is False;
+    `written` was accepted by parse_url."""
     match = _URL.match(written)
     assert match is not None
     if match["path"]:
         start, end = match.span("path")
     else:
         start = end = match.end("port") if match["port"] else match.end("host")
-    return f"{written[:start]}/{_quote(vhost)}{written[end:]}"
+    rest = written[end:] if query else ""
+    return f"{written[:start]}/{_quote(vhost)}{rest}"
 
 
 def with_vhost(urls: str, vhost: str) -> str:

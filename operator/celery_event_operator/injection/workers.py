@@ -22,7 +22,10 @@ def configmap_body(name: str, owner: dict[str, Any], service: str, data: dict[st
         "metadata": {
             "name": name,
             "labels": {SERVICE_LABEL: service, "app.kubernetes.io/managed-by": "celery-event-operator"},
-            # Owned by the resource: deleting the service deletes its settings.
+            # Owned by the resource: deleting the service deletes its settings. Without blockOwnerDeletion: it
+            # would only hold a foreground deletion of the service until the ConfigMap is gone, which nothing
+            # waits for, and setting it needs `update` on celeryeventservices/finalizers where the API server
+            # enforces owner references (OpenShift): a permission the operator otherwise has no use for.
             "ownerReferences": [
                 {
                     "apiVersion": owner["apiVersion"],
@@ -30,7 +33,6 @@ def configmap_body(name: str, owner: dict[str, Any], service: str, data: dict[st
                     "name": meta["name"],
                     "uid": meta["uid"],
                     "controller": True,
-                    "blockOwnerDeletion": True,
                 }
             ],
         },

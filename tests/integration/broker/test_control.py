@@ -155,6 +155,15 @@ def test_control_connection_verifies_the_host_name(tls_rabbit: PrivateRabbit) ->
         by_name = ControlConnection(broker_address.parse(tls_rabbit.tls_url.replace("127.0.0.1", "localhost")), tls)
         assert by_name.run(server_properties) == "RabbitMQ"
         by_name.close()
+        # kombu's query forms of TLS (issue 26): TLS too, and verified whatever the query says of verifying.
+        kombu_form = ControlConnection(
+            broker_address.parse(f"amqp://guest:guest@localhost:{tls_rabbit.tls_port}//?ssl=1"), tls
+        )
+        assert kombu_form.run(server_properties) == "RabbitMQ"
+        kombu_form.close()
+        unverified = f"amqp://guest:guest@localhost:{tls_rabbit.tls_port}//?ssl_cert_reqs=none"
+        with pytest.raises(BrokerUnavailableError, match="CERTIFICATE_VERIFY_FAILED"):  # no CA given: untrusted
+            ControlConnection(broker_address.parse(unverified)).run(server_properties)
     finally:
         tls.remove()
 

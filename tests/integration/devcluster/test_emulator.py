@@ -5,12 +5,17 @@ from __future__ import annotations
 import base64
 import collections
 import json
+import pathlib
+import subprocess
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
+import yaml
 
+from celery_event_devcluster.rbac import Identity
 from tests.conftest import REPO, create_broker_secret
 from tests.support.kube import ApiError, EmulatedApi, eventually
 
@@ -279,3 +284,67 @@ def test_kubectl_creates_secrets_and_configmaps_it_sends_as_protobuf(kube_api: E
     refused = kube_api.kubectl("create", "serviceaccount", "sa1", check=False)
     assert refused.returncode == 1
     assert "unknown format - accepted media types: application/json" in refused.stderr
+
+
+def test_rbac_of_a_restricted_identity_as_kubectl_and_clients_see_it(
+    kube_api: EmulatedApi, tmp_path: pathlib.Path
+) -> None:
+    """Issue 26: opt-in RBAC, decided from the API's own Roles and bindings, with a real API server's 403."""
+    reader = Identity.service_account("operators", "reader")
+    kubeconfig = kube_api.restricted_kubeconfig(reader, tmp_path / "reader.kubeconfig")
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
+        """As the reader: kubectl sends no bearer token over plain HTTP, it impersonates (as the administrator)."""
+        return kube_api.kubectl("--as", reader.user, *args, check=False)
+
+    assert kubectl("get", "pods", "-n", "shop").stderr.strip() == (
+        'Error from server (Forbidden): pods is forbidden: User "system:serviceaccount:operators:reader" cannot '
+        'list resource "pods" in API group "" in the namespace "shop"'
+    )
+    rbac_api = "/apis/rbac.authorization.k8s.io/v1/namespaces/shop"
+    kube_api.client.create(
+        f"{rbac_api}/roles",
+        {"metadata": {"name": "read"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]},
+    )
+    kube_api.client.create(
+        f"{rbac_api}/rolebindings",
+        {
+            "metadata": {"name": "read"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "operators"}],
+        },
+    )
+    assert kubectl("get", "pods", "-n", "shop").returncode == 0, "granted at once"
+    assert "Forbidden" in kubectl("get", "pods", "-n", "billing").stderr, "in its namespace only"
+    assert kube_api.kubectl("get", "pods", "-n", "billing").returncode == 0, "the administrator is not restricted"
+
+    token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+    request = urllib.request.Request(
+        f"{kube_api.url}/api/v1/namespaces/shop/configmaps/settings", headers={"Authorization": f"Bearer {token}"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as forbidden:
+        urllib.request.urlopen(request, timeout=10)
+    assert forbidden.value.code == 403
+    assert json.loads(forbidden.value.read()) == {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'configmaps "settings" is forbidden: User "system:serviceaccount:operators:reader" cannot get '
+        'resource "configmaps" in API group "" in the namespace "shop"',
+        "reason": "Forbidden",
+        "details": {"name": "settings", "kind": "configmaps"},
+        "code": 403,
+    }
+    asked = {(a.verb, a.resource, a.namespace, a.refused_by) for a in kube_api.asked()}
+    assert asked == {
+        ("list", "pods", "shop", "RBAC"),
+        ("list", "pods", "shop", ""),
+        ("list", "pods", "billing", "RBAC"),
+        ("get", "configmaps", "shop", "RBAC"),
+    }
+
+    stranger = urllib.request.Request(f"{kube_api.url}/api/v1/pods", headers={"Authorization": "Bearer nobody-gave"})
+    with pytest.raises(urllib.error.HTTPError) as unknown:
+        urllib.request.urlopen(stranger, timeout=10)
+    assert (unknown.value.code, json.loads(unknown.value.read())["reason"]) == (401, "Unauthorized")

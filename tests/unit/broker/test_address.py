@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from kombu.connection import Connection
 
 from celery_event_operator.broker import address as broker_address
 from celery_event_operator.errors import BrokerSecretError
@@ -72,6 +73,8 @@ SECRET = "s3cr3t-P4ss"
         pytest.param(f"amqp://user:pw@h:{SECRET}/", id="port-not-a-number"),
         pytest.param("amqp://user:pw@h:99999/", id="port-out-of-range"),
         pytest.param(f"amqp://user:{SECRET}@h:5672/a/b", id="unescaped-slash-in-vhost"),
+        pytest.param(f"amqp://user:{SECRET}@h:5672///", id="two-slashes-in-vhost"),
+        pytest.param(f"amqp://user:{SECRET}@h:5672//a/b", id="unescaped-slash-after-the-leading-one"),
         pytest.param(f"http://user:{SECRET}@h/", id="not-amqp"),
         pytest.param(f"amqp://user:{SECRET}@/", id="no-host"),
         pytest.param(f"amqp://user:{SECRET}@h:5672/x y", id="space-in-vhost"),
@@ -116,3 +119,89 @@ def test_management_url_elsewhere_is_refused(raw: str, configured: str, problem:
     """Issue #12, finding 1: a resource author could make the operator send the credentials anywhere."""
     with pytest.raises(broker_address.ManagementURLRejectedError, match=problem):
         broker_address.parse(raw).management_url(configured)
+
+
+# The broker URLs of Celery's and kombu's documentation (and of the issue that asked for them), as a team
+# pastes its CELERY_BROKER_URL: each must mean to the operator exactly what it means to kombu.
+DOCUMENTED_URLS = [
+    pytest.param("pyamqp://guest@localhost//", id="celery-first-steps"),
+    pytest.param("amqp://myuser:mypassword@localhost:5672/myvhost", id="celery-using-rabbitmq"),
+    pytest.param("amqp://guest:guest@localhost:5672//", id="celery-and-kombu-default-url"),
+    pytest.param("amqp://guest@localhost//", id="user-without-password"),
+    pytest.param("amqp://localhost//foo", id="kombu-vhost-with-a-leading-slash"),
+    pytest.param("amqp://localhost/foo", id="kombu-vhost"),
+    pytest.param("amqp://localhost/myvhost?ssl=1", id="kombu-query-ssl"),
+    pytest.param("amqp://u:p@localhost/?ssl_cert_reqs=required", id="kombu-query-ssl-option"),
+    pytest.param("amqp://u:p@localhost//?heartbeat=30", id="kombu-query-option"),
+    pytest.param("amqps://guest:guest@localhost//", id="amqps"),
+    pytest.param("AMQP://guest:guest@localhost//", id="scheme-in-capitals"),
+    pytest.param("amqp://broker1:5672", id="kombu-failover-host"),
+    pytest.param("pyamqp://guest:guest@127.0.0.1:5672//", id="issue-pyamqp-double-slash"),
+    pytest.param("amqp://guest:guest@127.0.0.1:5672//", id="issue-amqp-double-slash"),
+    pytest.param("amqp://guest:guest@127.0.0.1//", id="issue-no-port"),
+    pytest.param("pyamqp://guest:guest@127.0.0.1:5672/%2F", id="issue-pyamqp-encoded-slash"),
+    pytest.param("amqp://:@[::1]:5673/%2Fshop", id="ipv6-empty-credentials"),
+]
+
+
+@pytest.mark.parametrize("url", DOCUMENTED_URLS)
+def test_documented_urls_mean_what_they_mean_to_kombu(url: str) -> None:
+    info = Connection(url).info()
+    [endpoint] = broker_address.parse(url).endpoints
+    expected_host = info["hostname"].strip("[]")
+    assert (endpoint.host, endpoint.port, endpoint.user, endpoint.password) == (
+        expected_host,
+        info["port"],
+        info["userid"],
+        info["password"],
+    )
+    assert broker_address.parse(url).vhost == info["virtual_host"]
+    assert endpoint.tls == bool(info["ssl"])
+
+
+@pytest.mark.parametrize("url", DOCUMENTED_URLS)
+def test_the_operator_hands_kombu_the_same_broker_without_the_query(url: str) -> None:
+    """The operator's own connections: the URL's endpoint and vhost, the operator's own options (its timeouts,
+    heartbeat, and TLS from the scheme or the query, verified); the query stays in the workers' URL."""
+    address = broker_address.parse(url)
+    [operators] = address.urls
+    assert "?" not in operators
+    info, original = Connection(operators).info(), Connection(url).info()
+    for field in ("hostname", "userid", "password", "virtual_host"):
+        assert info[field] == original[field], field
+    assert info["port"] == original["port"] or address.tls  # TLS: the port follows the `ssl` kombu is given
+    assert broker_address.parse(operators).vhost == address.vhost
+
+
+def test_failover_list_of_celery_urls() -> None:
+    address = broker_address.parse("amqp://u:p@h1:5672//;amqp://u:p@h2:5672//")
+    assert [endpoint.host_port for endpoint in address.endpoints] == ["h1:5672", "h2:5672"]
+    assert address.vhost == "/"
+    assert address.urls == ("amqp://u:p@h1:5672/%2F", "amqp://u:p@h2:5672/%2F")
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        pytest.param("pyamqp://guest@localhost//", "pyamqp://guest@localhost/shop", id="celery-first-steps"),
+        pytest.param("amqp://u:p@h//?heartbeat=30", "amqp://u:p@h/shop?heartbeat=30", id="query-kept"),
+        pytest.param("amqp://u:p@h1//;amqp://u:p@h2", "amqp://u:p@h1/shop;amqp://u:p@h2/shop", id="failover"),
+    ],
+)
+def test_the_workers_vhost_override_keeps_their_url_as_written(url: str, expected: str) -> None:
+    assert broker_address.with_vhost(url, "shop") == expected
+    assert Connection(expected.split(";", maxsplit=1)[0]).info()["virtual_host"] == "shop"
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        pytest.param(f"pyamqps://u:{SECRET}@h//", "write amqps://", id="pyamqps-is-no-kombu-transport"),
+        pytest.param(f"librabbitmq://u:{SECRET}@h//", "its scheme is 'librabbitmq'", id="other-transport"),
+        pytest.param(f"amqp://u:{SECRET}@h/a/b", "vhost", id="ambiguous-vhost"),
+    ],
+)
+def test_refusals_say_what_to_write(raw: str, problem: str) -> None:
+    with pytest.raises(BrokerSecretError, match=problem) as error:
+        broker_address.parse(raw)
+    assert SECRET not in str(error.value)

@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from celery_event_devcluster.rbac import Identity, Policy, Request, forbidden_message
 from celery_event_operator import cli
 from celery_event_operator.api import crd
 from celery_event_operator.kubeapi import API_CALLS
@@ -153,30 +154,45 @@ def test_bad_values_are_rejected_by_the_schema(values: dict[str, Any]) -> None:
         render(values)
 
 
-def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
-    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in rules)
-
-
+# The chart's RBAC variants: cluster-wide or per namespace, one replica or a kopf peering of two.
+RBAC_VARIANTS = [
+    pytest.param({}, id="defaults"),
+    pytest.param({"watchNamespaces": ["shop", "billing"]}, id="watchNamespaces"),
+    pytest.param({"replicaCount": 2}, id="replicaCount=2"),
+    pytest.param({"watchNamespaces": ["shop", "billing"], "replicaCount": 2}, id="both"),
+]
 # The peering object of replicas: a cluster-wide operator meets the others in a ClusterKopfPeering, a
 # namespaced one in a KopfPeering per namespace; a single replica uses neither.
-PEERING_OF_SCOPE = {"cluster-wide": "kopfpeerings", "namespaced": "clusterkopfpeerings"}
+PEERINGS = {"kopfpeerings", "clusterkopfpeerings"}
 
 
-@pytest.mark.parametrize(
-    ("scope", "values"),
-    [
-        pytest.param("cluster-wide", {"replicaCount": 2}, id="cluster-wide"),
-        pytest.param("namespaced", {"watchNamespaces": ["shop"], "replicaCount": 2}, id="namespaced"),
-    ],
-)
-@pytest.mark.parametrize(("group", "resource", "verb"), API_CALLS)
-def test_rbac_covers_every_api_call(scope: str, values: dict[str, Any], group: str, resource: str, verb: str) -> None:
-    if resource == PEERING_OF_SCOPE[scope]:
-        return  # the other scope's peering kind: this install never uses it
-    roles = [d for d in render(values) if d["kind"] in ("ClusterRole", "Role")]
-    assert roles
-    for role in roles:
-        assert _allows(role["rules"], group, resource, verb), f"{role['kind']} lacks {verb} {group}/{resource}"
+def needed_calls(values: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """kubeapi.API_CALLS as this install makes them (the peering of its scope, if it has replicas)."""
+    peering = "kopfpeerings" if values.get("watchNamespaces") else "clusterkopfpeerings"
+    used = {peering} if values.get("replicaCount", 1) > 1 else set()
+    return {call for call in API_CALLS if call[1] not in PEERINGS - used}
+
+
+@pytest.mark.parametrize("values", RBAC_VARIANTS)
+def test_rbac_grants_exactly_the_operators_api_calls(values: dict[str, Any]) -> None:
+    """kubeapi.API_CALLS against the rendered rules, decided as the API server's RBAC decides them: every call is
+    allowed where the operator makes it, and nothing else is granted. (tests/integration/test_chart_rbac.py checks
+    that the running operator's calls are all in API_CALLS.)"""
+    documents = render(values)
+    [deployment] = [d for d in documents if d["kind"] == "Deployment"]
+    operator = Identity.service_account("operators", deployment["spec"]["template"]["spec"]["serviceAccountName"])
+    policy = Policy.of(documents)
+    # Cluster-wide: granted at the cluster scope, so in every namespace; else in each watched namespace only.
+    scopes = values.get("watchNamespaces") or [""]
+    for namespace in scopes:
+        for group, resource, verb in needed_calls(values):
+            plural, _, subresource = resource.partition("/")
+            request = Request(verb, group, plural, subresource, namespace if plural != "clusterkopfpeerings" else "")
+            assert policy.allows(operator, request), forbidden_message(operator, request)
+        assert policy.granted(operator, namespace) == needed_calls(values), "granted beyond API_CALLS"
+    if values.get("watchNamespaces"):
+        assert not policy.allows(operator, Request("get", "", "secrets", namespace="elsewhere")), "only watched ones"
+        assert not policy.allows(operator, Request("list", "celeryevents.io", "celeryeventservices"))
 
 
 def test_replicas_meet_in_a_peering_behind_a_disruption_budget() -> None:
