@@ -29,18 +29,19 @@ CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
 def _cmd_crd(args: argparse.Namespace) -> int:
     from celery_event_operator.api import crd
 
-    rendered = crd.render_yaml()
     stale = False
-    for directory in args.output_dir or CRD_OUTPUT_DIRS:
-        target = pathlib.Path(directory) / crd.CRD_FILE_NAME
-        if args.check:
-            if not target.exists() or target.read_text() != rendered:
-                print(f"{target} differs from the models; run `celery-event-operator crd`", file=sys.stderr)
-                stale = True
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(rendered)
-        print(target)
+    for kind in crd.KINDS:
+        rendered = crd.render_yaml(kind)
+        for directory in args.output_dir or CRD_OUTPUT_DIRS:
+            target = pathlib.Path(directory) / kind.file_name
+            if args.check:
+                if not target.exists() or target.read_text() != rendered:
+                    print(f"{target} differs from the models; run `celery-event-operator crd`", file=sys.stderr)
+                    stale = True
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(rendered)
+            print(target)
     return 1 if stale else 0
 
 
@@ -220,7 +221,7 @@ def _progress(done: int, total: int) -> None:
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
-    from celery_event_operator.archive import operations
+    from celery_event_operator.archive.messages import Selection
     from celery_event_operator.errors import OperatorError
 
     if args.action == "purge" and not args.yes:
@@ -229,7 +230,9 @@ def _cmd_archive(args: argparse.Namespace) -> int:
     args.no_cluster = True  # with --broker-url, SERVICE is the serviceName: no cluster needed
     try:
         service, _spec, broker = _service_and_broker(args, args.service)
-        selection = operations.Selection(event=args.event, older_than=args.older_than, newer_than=args.newer_than)
+        selection = Selection.relative(
+            event=args.event, older_than=args.older_than, newer_than=args.newer_than, now=time.time()
+        )
         output = broker.run(lambda connection: _archive_action(args, connection, service, selection))
     except OperatorError as exc:
         print(f"error: {exc}", file=sys.stderr)

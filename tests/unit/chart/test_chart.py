@@ -81,11 +81,17 @@ def test_rendered_manifests_are_valid(values: dict[str, Any], kubernetes_version
 
 def test_crd_equals_the_repository_crd_and_is_kept() -> None:
     crds = {d["metadata"]["name"]: d for d in render({}) if d["kind"] == "CustomResourceDefinition"}
-    assert set(crds) == {"celeryeventservices.celeryevents.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
-    chart_crd = crds["celeryeventservices.celeryevents.io"]
-    annotations = chart_crd["metadata"].pop("annotations")
-    assert annotations == {"helm.sh/resource-policy": "keep"}
-    assert chart_crd == crd.custom_resource_definition()
+    assert set(crds) == {
+        "celeryeventservices.celeryevents.io",
+        "celeryeventreplays.celeryevents.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    }
+    for ours in crd.custom_resource_definitions():
+        chart_crd = crds[ours["metadata"]["name"]]
+        annotations = chart_crd["metadata"].pop("annotations")
+        assert annotations == {"helm.sh/resource-policy": "keep"}
+        assert chart_crd == ours
     for peering in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         repository = yaml.safe_load((REPO / "crds" / f"{peering}.yaml").read_text())
         assert crds[peering]["spec"] == repository["spec"], "the chart's peering CRDs are the repository's"
