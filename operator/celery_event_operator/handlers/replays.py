@@ -14,7 +14,8 @@ import kopf
 from celery_event_operator.api.models import GROUP, REPLAY_PLURAL, VERSION
 from celery_event_operator.options import OperatorOptions
 from celery_event_operator.replay import plan
-from celery_event_operator.replay.keeper import ReplayKeeper, ReplaySlots
+from celery_event_operator.replay.keeper import ReplayKeeper
+from celery_event_operator.replay.slots import ReplaySlots
 from celery_event_operator.service_status import EventNote
 
 

@@ -33,6 +33,7 @@ from celery_event_operator.errors import (
 )
 from celery_event_operator.replay import plan
 from celery_event_operator.replay.runner import ReplayRunner
+from celery_event_operator.replay.slots import Key, ReplaySlots
 from celery_event_operator.service_keeper import Context
 from celery_event_operator.service_status import Decision, EventNote
 
@@ -41,42 +42,6 @@ WAIT_SECONDS = 5.0
 STATUS_SECONDS = 2.0
 
 PostEvents = Callable[[tuple[EventNote, ...]], None]
-Key = tuple[str, str]  # namespace, CeleryEventService name
-
-
-class ReplaySlots:
-    """One running replay per service, the others waiting in the order they were created (in the operator that
-    keeps the service: replays go to the shard of their service)."""
-
-    def __init__(self) -> None:
-        self._running: dict[Key, str] = {}
-        self._waiting: dict[Key, dict[str, float]] = {}
-
-    def wait(self, key: Key, name: str, created_at: float) -> None:
-        self._waiting.setdefault(key, {})[name] = created_at
-
-    def leave(self, key: Key, name: str) -> None:
-        waiting = self._waiting.get(key, {})
-        waiting.pop(name, None)
-        if not waiting:
-            self._waiting.pop(key, None)
-        self.release(key, name)
-
-    def take(self, key: Key, name: str) -> str | None:
-        """None when `name` may run now; otherwise the replay that goes first."""
-        holder = self._running.get(key)
-        if holder is not None:
-            return None if holder == name else holder
-        waiting = self._waiting.get(key, {})
-        first = min(waiting, key=lambda other: (waiting[other], other), default=name)
-        if first != name:
-            return first
-        self._running[key] = name
-        return None
-
-    def release(self, key: Key, name: str) -> None:
-        if self._running.get(key) == name:
-            del self._running[key]
 
 
 class ReplayKeeper:
