@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_event_operator.naming import ARCHIVED_AT_HEADER, EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
@@ -141,11 +141,20 @@ class Selection:
 
     @classmethod
     def relative(
-        cls, *, event: str | None, older_than: float | None, newer_than: float | None, now: float
+        cls,
+        *,
+        events: Iterable[str] = (),
+        exception_types: Iterable[str] = (),
+        task_ids: Iterable[str] = (),
+        older_than: float | None = None,
+        newer_than: float | None = None,
+        now: float,
     ) -> Selection:
-        """The command line's filter: one event name, ages in seconds before `now`."""
+        """The command line's filter: ages in seconds before `now`."""
         return cls(
-            events=frozenset() if event is None else frozenset({event}),
+            events=frozenset(events),
+            exception_types=frozenset(exception_types),
+            task_ids=frozenset(task_ids),
             archived_until=None if older_than is None else now - older_than,
             archived_since=None if newer_than is None else now - newer_than,
         )

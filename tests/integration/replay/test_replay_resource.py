@@ -7,7 +7,10 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import os
 import pathlib
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -333,3 +336,45 @@ def test_refused_and_held_replays_touch_nothing(
     assert Counter(m.headers["id"] for m in drain(test_vhost_url, f"billing.{CANCELLED}")) == Counter(ids[CANCELLED])
     assert operator_on_billing.alive()
     assert "Traceback" not in operator_on_billing.log()
+
+
+def cli(kube_api: EmulatedApi, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery_event_operator.cli", "archive", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "KUBECONFIG": str(kube_api.kubeconfig)},
+    )
+
+
+def test_the_command_line_goes_through_the_cluster(
+    kube_api: EmulatedApi, operator_on_billing: OperatorProcess, test_vhost_url: str
+) -> None:
+    """`--via-cluster`: a resource the user's RBAC governs and the cluster keeps; no broker credentials needed."""
+    ids = archive(test_vhost_url, {CREATED: 50, CANCELLED: 30, SHIPPED: 20})
+    dry = cli(kube_api, "replay", "billing", "--via-cluster", "--event", SHIPPED, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would replay 20 of 20 selected archived events of billing; nothing was changed" in dry.stdout
+    assert len([line for line in dry.stdout.splitlines() if SHIPPED in line]) == 20, "the preview"
+
+    done = cli(kube_api, "replay", "billing", "--via-cluster", "--event", CREATED, "--rate", "100", "--limit", "40")
+    assert done.returncode == 0, done.stderr
+    assert "40 of 50 selected archived events of billing sent back to its handler queues; 10 skipped" in done.stdout
+    assert "created CeleryEventReplay billing-replay-" in done.stderr
+    assert "guest" not in done.stdout + done.stderr
+    assert [m.headers["id"] for m in drain(test_vhost_url, f"billing.{CREATED}")] == ids[CREATED][:40]
+
+    unconfirmed = cli(kube_api, "purge", "billing", "--via-cluster", "--event", CANCELLED)
+    assert unconfirmed.returncode == 2
+    purged = cli(kube_api, "purge", "billing", "--via-cluster", "--event", CANCELLED, "--yes")
+    assert purged.returncode == 0, purged.stderr
+    assert "30 of 30 selected archived events of billing purged from the archive" in purged.stdout
+    assert archived_ids(test_vhost_url) == [i for i in ids["all"] if i in set(ids[CREATED][40:] + ids[SHIPPED])]
+
+    bad = cli(kube_api, "replay", "billing", "--via-cluster", "--event", "orders.*")
+    assert bad.returncode == 2
+    assert "filter.events.0" in bad.stderr
+    kept = kube_api.client.get(REPLAYS.format(namespace="default"))["items"]
+    assert len(kept) == 3, "each run is kept as a record, the refused one was never created"

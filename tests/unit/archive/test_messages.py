@@ -80,7 +80,9 @@ def test_replayed_copy_has_its_attempts_and_history_reset() -> None:
 )
 def test_selection(event: str | None, older: float | None, newer: float | None, expected: bool) -> None:
     item = messages.describe(0, b"{}", {naming.ARCHIVED_AT_HEADER: NOW - 120}, {}, "e")
-    selection = messages.Selection.relative(event=event, older_than=older, newer_than=newer, now=NOW)
+    selection = messages.Selection.relative(
+        events=[event] if event else [], older_than=older, newer_than=newer, now=NOW
+    )
     assert selection.matches(item) is expected
 
 
