@@ -79,6 +79,7 @@ def _browse(channel: Any, queue: str) -> Iterator[tuple[Archived, amqp.Message]]
     """Every message of the queue once, oldest first, left unacknowledged."""
     count = _depth(channel, queue)
     for position in range(count):
+        channel.connection.heartbeat_tick()  # with heartbeats on, the broker drops a connection whose holder died
         message = channel.basic_get(queue, no_ack=False)
         if message is None:
             return

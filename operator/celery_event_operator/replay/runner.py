@@ -24,13 +24,16 @@ from celery_event_operator.broker.tls import TlsFiles
 from celery_event_operator.errors import BrokerRefusedError, BrokerUnavailableError
 
 T = TypeVar("T")
+# The messages a replay holds unacknowledged go back to the archive once the broker drops its connection: at once
+# when the operator's process dies, within two heartbeats when its node does.
+HEARTBEAT_SECONDS = 30.0
 
 
 class ReplayRunner:
     def __init__(self, settings: BrokerSettings) -> None:
         material = settings.tls
         self._tls = TlsFiles(material) if material.ca or material.cert else None
-        self._control = ControlConnection(settings.address, self._tls)
+        self._control = ControlConnection(settings.address, self._tls, heartbeat=HEARTBEAT_SECONDS)
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display
         self.stop = threading.Event()
