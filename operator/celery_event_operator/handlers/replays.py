@@ -14,14 +14,13 @@ import kopf
 from celery_event_operator.api.models import GROUP, REPLAY_PLURAL, VERSION
 from celery_event_operator.options import OperatorOptions
 from celery_event_operator.replay import plan
-from celery_event_operator.replay.keeper import ReplayKeeper
-from celery_event_operator.replay.slots import ReplaySlots
+from celery_event_operator.replay.keeper import ReplayKeeper, Shared
 from celery_event_operator.service_status import EventNote
 
 
 @kopf.on.startup()
-def replay_slots(memo: kopf.Memo, **_: Any) -> None:
-    memo.replay_slots = ReplaySlots()  # the root memo's: shared by every replay's daemon
+def share_between_replays(memo: kopf.Memo, **_: Any) -> None:
+    memo.replays = Shared()  # the root memo's: every replay's daemon sees the same slots and service reads
 
 
 def _runs_here(namespace: str | None, spec: kopf.Spec, status: kopf.Status, memo: kopf.Memo, **_: Any) -> bool:
@@ -41,4 +40,4 @@ async def run_replay(
             kopf.event(body, type=note.type, reason=note.reason, message=note.message)
             (logger.warning if note.type == "Warning" else logger.info)("%s: %s", note.reason, note.message)
 
-    await ReplayKeeper(memo.context, memo.replay_slots, body, post, logger).run(stopped)
+    await ReplayKeeper(memo.context, memo.replays, body, post, logger).run(stopped)

@@ -11,6 +11,7 @@ replay that was started is resumed by whichever operator runs next (replay/plan.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -40,21 +41,55 @@ from celery_event_operator.service_status import Decision, EventNote
 # How often a waiting replay looks again (jittered), and how often a running one writes its counters.
 WAIT_SECONDS = 5.0
 STATUS_SECONDS = 2.0
+# A service read serves every replay of it for this long: a thousand replays waiting cost one read per service.
+SERVICE_READ_SECONDS = 4.0
 
 PostEvents = Callable[[tuple[EventNote, ...]], None]
+
+
+class ServiceReads:
+    """The services replays name, read through the API and shared for a few seconds (only those of live replays
+    are kept: a read older than SERVICE_READ_SECONDS is dropped at the next read)."""
+
+    def __init__(self) -> None:
+        self._read: dict[Key, tuple[float, dict[str, Any] | KubeError]] = {}
+
+    async def read(self, context: Context, key: Key) -> dict[str, Any]:
+        """The service's body; NotFoundError or KubeError otherwise."""
+        now = time.monotonic()
+        found = self._read.get(key)
+        if found is None or now - found[0] > SERVICE_READ_SECONDS:
+            self._read = {k: v for k, v in self._read.items() if now - v[0] <= SERVICE_READ_SECONDS}
+            try:
+                result: dict[str, Any] | KubeError = await context.kube.call(context.kube.api.read_service, *key)
+            except KubeError as exc:
+                result = exc
+            found = self._read[key] = (time.monotonic(), result)
+        if isinstance(found[1], KubeError):
+            raise found[1]
+        return found[1]
+
+
+@dataclasses.dataclass
+class Shared:
+    """What the replays of one operator share (kept in kopf's root memo)."""
+
+    slots: ReplaySlots = dataclasses.field(default_factory=ReplaySlots)
+    services: ServiceReads = dataclasses.field(default_factory=ServiceReads)
 
 
 class ReplayKeeper:
     def __init__(
         self,
         context: Context,
-        slots: ReplaySlots,
+        shared: Shared,
         body: Mapping[str, Any],
         post: PostEvents,
         logger: logging.Logger | Any,
     ) -> None:
         self.context = context
-        self.slots = slots
+        self.slots = shared.slots
+        self.services = shared.services
         self.body = body  # kopf's, kept current by its watch
         self.namespace = str((body.get("metadata") or {}).get("namespace") or "")
         self.name = str((body.get("metadata") or {}).get("name") or "")
@@ -130,9 +165,8 @@ class ReplayKeeper:
         self, replay: plan.Replay, began: plan.Started | None
     ) -> tuple[str, CeleryEventServiceSpec] | None:
         """The serviceName and spec of the replay's service once it is Ready; None (and why, in status) before."""
-        kube = self.context.kube
         try:
-            service = await kube.call(kube.api.read_service, self.namespace, replay.service)
+            service = await self.services.read(self.context, (self.namespace, replay.service))
         except NotFoundError:
             message = (
                 f"there is no CeleryEventService {replay.service} in namespace {self.namespace} (a replay acts on a "
