@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # The operator image: `celery-event-operator run` as a non-root user on a read-only root filesystem.
 # Worker images do not need this: they install the base package (celery + kombu) only.
+# The dev cluster (devcluster/, kmock) is a distribution of its own, for development: not in the image
+# (.dockerignore leaves it out of the context; tests/test_packaging.py builds this stage's wheel and checks).
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 

@@ -16,12 +16,12 @@ def run(*command: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff() -> None:
-    result = run("ruff", "check", "operator", "tests", "e2e", "bench")
+    result = run("ruff", "check", "operator", "devcluster", "tests", "e2e", "bench")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_ruff_format() -> None:
-    result = run("ruff", "format", "--check", "operator", "tests", "e2e", "bench")
+    result = run("ruff", "format", "--check", "operator", "devcluster", "tests", "e2e", "bench")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,8 +1,10 @@
-"""`celery-event-operator run | dev | topology | archive | crd`."""
+"""`celery-event-operator run | topology | archive | crd`, and `dev` from the dev cluster's distribution."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib.metadata
 import json
 import math
@@ -20,8 +22,14 @@ from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_B
 from celery_event_operator.options import OperatorOptions, WebhookOptions
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
-DEFAULT_EXAMPLES = ("examples/broker-secret.yaml", "examples/billing.yaml", "examples/billing-worker.yaml")
+# Commands of other distributions: each entry point of this group names a function that adds its command's
+# subparser (with its handler), so that the operator never imports them. Those a checkout ships are listed with
+# how to install them, which is what the command says when it is absent.
 COMMANDS_ENTRY_POINTS = "celery_event_operator.commands"
+SHIPPED_COMMANDS = {
+    "dev": "the distribution celery-event-devcluster (devcluster/ in the source tree): "
+    "`pip install -e ./devcluster` in a checkout, as ./dev setup does",
+}
 # The chart cannot reach files outside its directory, so it carries its own copy of the CRD.
 CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
 
@@ -45,7 +53,8 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 1 if stale else 0
 
 
-def _options(args: argparse.Namespace) -> OperatorOptions:
+def operator_options(args: argparse.Namespace) -> OperatorOptions:
+    """The operator's options from the flags of `add_operator_options` (`run`'s, and those of `dev`)."""
     webhook = (
         WebhookOptions(
             port=args.webhook_port,
@@ -77,7 +86,8 @@ def _priority(given: int | None) -> int:
     return given if given is not None else random.randint(1, 2**31 - 1)
 
 
-def _add_webhook_options(parser: argparse.ArgumentParser, default_addr: str) -> None:
+def add_operator_options(parser: argparse.ArgumentParser, default_addr: str) -> None:
+    """The metrics and webhook flags of a command that runs the operator."""
     parser.add_argument("--metrics-port", type=int, default=9808, help="port of /metrics (0: none)")
     parser.add_argument("--metrics-addr", default=default_addr, help="address /metrics listens on")
     parser.add_argument(
@@ -107,7 +117,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from celery_event_operator.handlers import admission  # importing the handlers registers them
 
-    options = _options(args)
+    options = operator_options(args)
     if options.webhook is not None:
         admission.register(kopf.get_default_registry())
     kopf.configure(verbose=args.verbose)
@@ -122,21 +132,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         memo=kopf.Memo(options=options),
     )
     return 0
-
-
-def _cmd_dev(args: argparse.Namespace) -> int:
-    # The dev mode ships beside the operator (package celery_event_devcluster, extra `devcluster`) and is found
-    # through its entry point, so the operator itself never imports it.
-    try:
-        (entry,) = importlib.metadata.entry_points(group=COMMANDS_ENTRY_POINTS, name="dev")
-        run_dev = entry.load()
-    except (ValueError, ModuleNotFoundError):
-        print(
-            "the dev mode needs the devcluster extra: pip install 'celery-event-operator[devcluster]'", file=sys.stderr
-        )
-        return 2
-    status: int = run_dev(args, _options(args))
-    return status
 
 
 def _service_and_broker(args: argparse.Namespace, name: str) -> tuple[str, Any, Any]:
@@ -363,7 +358,7 @@ def _archive_action(args: argparse.Namespace, connection: Any, service: str, sel
 
 def _add_run_command(commands: Any) -> None:
     run = commands.add_parser(
-        formatter_class=_Help,
+        formatter_class=HelpFormatter,
         name="run",
         help="run the operator against the configured cluster (kubeconfig or in-cluster)",
     )
@@ -401,12 +396,12 @@ def _add_run_command(commands: Any) -> None:
         type=int,
         help="this replica's priority in --peering (default: random, so that no two replicas tie)",
     )
-    _add_webhook_options(run, "0.0.0.0")
+    add_operator_options(run, "0.0.0.0")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging (kopf's --verbose)")
     run.set_defaults(handler=_cmd_run)
 
 
-class _Help(argparse.HelpFormatter):
+class HelpFormatter(argparse.HelpFormatter):
     """Each option's default in its help, where there is one worth showing and the help does not say it."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
@@ -414,6 +409,23 @@ class _Help(argparse.HelpFormatter):
         if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
+
+
+def _add_installed_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    for entry in importlib.metadata.entry_points(group=COMMANDS_ENTRY_POINTS):
+        with contextlib.suppress(ModuleNotFoundError):  # a distribution removed but its metadata left behind
+            entry.load()(commands)
+    for name, install in SHIPPED_COMMANDS.items():
+        if name not in commands.choices:
+            # No argument can hold a NUL, so no option is recognised: any arguments reach the message.
+            absent = commands.add_parser(name, help=f"(not installed) {install}", prefix_chars="\0", add_help=False)
+            absent.add_argument("arguments", nargs="*", help="ignored: the command is not installed")
+            absent.set_defaults(handler=functools.partial(_not_installed, name, install))
+
+
+def _not_installed(name: str, install: str, _args: argparse.Namespace) -> int:
+    print(f"error: the command {name!r} is not installed; it comes with {install}", file=sys.stderr)
+    return 2
 
 
 DESCRIPTION = """\
@@ -437,43 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _add_run_command(commands)
-
-    dev = commands.add_parser(
-        formatter_class=_Help, name="dev", help="run the operator with the samples on an embedded Kubernetes API"
-    )
-    dev.add_argument("--api-port", type=int, default=18443, help="port of the embedded API (0: any free port)")
-    dev.add_argument("--state-dir", default=".dev", help="where the kubeconfig is written")
-    dev.add_argument(
-        "--broker-url",
-        help="broker URL put into the sample's Secret, used as it is (default: $AMQP_URL or the local broker, "
-        "in a vhost of the dev mode's own, celery-event-operator-dev, made at start)",
-    )
-    dev.add_argument(
-        "--down",
-        action="store_true",
-        help="remove what the dev mode made on the broker (its vhost, with everything declared in it) and stop",
-    )
-    dev.add_argument(
-        "--example",
-        action="append",
-        default=[],
-        help=f"manifests to create at start (repeatable; default: {' '.join(DEFAULT_EXAMPLES)})",
-    )
-    dev.add_argument("--liveness", default="http://127.0.0.1:8080/healthz", help="liveness endpoint URL ('' disables)")
-    dev.add_argument(
-        "--resync-seconds", type=float, default=10.0, help="how often each service's topology is re-declared"
-    )
-    dev.add_argument(
-        "--no-sample-worker",
-        action="store_true",
-        help="do not run examples/app/billing_app.py locally with a trickle of events",
-    )
-    _add_webhook_options(dev, "127.0.0.1")
-    dev.add_argument("--verbose", "-v", action="store_true", help="debug logging (kopf's --verbose)")
-    dev.set_defaults(handler=_cmd_dev)
+    _add_installed_commands(commands)
 
     topology = commands.add_parser(
-        formatter_class=_Help,
+        formatter_class=HelpFormatter,
         name="topology",
         help="list a service's planned queues and exchanges with their depths on the broker",
     )
@@ -484,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     topology.set_defaults(handler=_cmd_topology)
 
     archive = commands.add_parser(
-        formatter_class=_Help, name="archive", help="list, replay or purge a service's archived events"
+        formatter_class=HelpFormatter, name="archive", help="list, replay or purge a service's archived events"
     )
     actions = archive.add_subparsers(dest="action", required=True)
     for action, text in (
@@ -492,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("replay", "send archived events back to the service's handler queues"),
         ("purge", "delete archived events"),
     ):
-        sub = actions.add_parser(formatter_class=_Help, name=action, help=text)
+        sub = actions.add_parser(formatter_class=HelpFormatter, name=action, help=text)
         sub.add_argument("service", help="the CeleryEventService (with --broker-url: its serviceName)")
         sub.add_argument("--namespace", "-n", default="default", help="the resource's namespace")
         sub.add_argument("--broker-url", help="connect here instead of through the resource's Secret")
@@ -525,7 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "purge":
             sub.add_argument("--yes", action="store_true", help="confirm the deletion")
 
-    crd_command = commands.add_parser(formatter_class=_Help, name="crd", help="render crds/ from the API models")
+    crd_command = commands.add_parser(
+        formatter_class=HelpFormatter, name="crd", help="render crds/ from the API models"
+    )
     crd_command.add_argument(
         "--output-dir",
         action="append",

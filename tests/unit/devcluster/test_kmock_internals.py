@@ -47,7 +47,7 @@ def test_requests_are_dispatched_through_the_overridden_handle() -> None:
 
 
 def test_only_the_adapter_module_reaches_into_kmock() -> None:
-    package = REPO / "operator" / "celery_event_devcluster"
+    package = REPO / "devcluster" / "celery_event_devcluster"
     offenders = {
         path.name
         for path in package.glob("*.py")

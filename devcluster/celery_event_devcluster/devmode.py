@@ -19,11 +19,11 @@ from typing import Any
 import kopf
 
 from celery_event_devcluster import sample_worker
+from celery_event_devcluster.command import DEFAULT_EXAMPLES
 from celery_event_devcluster.manifests import create_all, load_documents
 from celery_event_devcluster.server import serve, write_kubeconfig
 from celery_event_operator.api import crd
 from celery_event_operator.broker import address as broker_address
-from celery_event_operator.cli import DEFAULT_EXAMPLES
 from celery_event_operator.errors import BrokerSecretError
 from celery_event_operator.handlers import admission  # importing the handlers registers them
 from celery_event_operator.options import OperatorOptions
@@ -90,7 +90,7 @@ def dev_broker_url(base_url: str) -> str:
 
 
 def run_command(args: argparse.Namespace, options: OperatorOptions) -> int:
-    """`celery-event-operator dev` (the CLI's entry point `celery_event_operator.commands:dev`)."""
+    """`celery-event-operator dev`, with the flags `command.add_command` defines."""
     base_url = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
     try:
         if args.down:
