@@ -253,6 +253,9 @@ def _archive_via_cluster(args: argparse.Namespace) -> int:
     from celery_event_operator.kubeapi import KubeApi
     from celery_event_operator.replay import plan
 
+    if args.broker_url:
+        print("error: --via-cluster goes through the operator's broker access: leave out --broker-url", file=sys.stderr)
+        return 2
     purge = args.action == "purge"
     rate = getattr(args, "rate", None)
     if rate is not None and (rate < 1 or not float(rate).is_integer()):
