@@ -42,6 +42,15 @@ WAITING_FOR_REPLAY = "WaitingForReplay"
 BROKER_UNAVAILABLE = "BrokerUnavailable"
 RUNNING = "Running"
 
+# A spec can be wrong in a thousand places (a filter of 1,000 task ids), a service's own message can be long: what
+# status and the Events say is bounded (kopf cuts an Event's message at 1,024 characters).
+MAX_REFUSAL_LENGTH = 900
+MAX_CONDITION_MESSAGE_LENGTH = 2000
+
+
+def _bounded(text: str, length: int) -> str:
+    return text if len(text) <= length else text[: length - 1] + "…"
+
 
 @dataclasses.dataclass(frozen=True)
 class Replay:
@@ -206,7 +215,7 @@ def _conditions(
         type=SUCCEEDED,
         status=status,
         reason=reason,
-        message=message,
+        message=_bounded(message, MAX_CONDITION_MESSAGE_LENGTH),
         generation=generation,
         now=datetime.datetime.fromtimestamp(now, tz=datetime.UTC),
     )
@@ -236,7 +245,7 @@ def refused(
 ) -> Decision:
     """A replay that cannot run as written: it ends at once, nothing touched, one Warning Event."""
     generation = (body.get("metadata") or {}).get("generation")
-    message = f"{error}; nothing was touched"
+    message = f"{_bounded(str(error), MAX_REFUSAL_LENGTH)}; nothing was touched"
     status = {
         "observedGeneration": generation,
         "conditions": _conditions(previous, generation, "False", "InvalidSpec", message, now=now),

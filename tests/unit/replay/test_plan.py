@@ -211,6 +211,10 @@ def test_refused_and_failed_end_with_one_warning() -> None:
     assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec")
     assert condition["message"] == "invalid spec: x; nothing was touched"
     assert [(note.type, note.reason) for note in refused.events] == [("Warning", "InvalidSpec")]
+    many = InvalidSpecError("; ".join(f"filter.taskIds.{n}: too long" for n in range(1000)))
+    bounded = plan.refused([], body(), many, now=NOW)
+    assert len(bounded.status_patch["conditions"][0]["message"]) < 1000, "a thousand problems, a bounded message"
+    assert len(bounded.events[0].message) < 1000
     failed = plan.failed([], 2, "SpecChanged", "changed", now=NOW)
     assert failed.status_patch["completionTime"] == plan.timestamp(NOW)
     assert [(note.type, note.reason) for note in failed.events] == [("Warning", "SpecChanged")]
