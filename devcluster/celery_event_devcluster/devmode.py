@@ -151,6 +151,7 @@ async def main(
             f"  kubectl get ces\n"
             f"  kubectl apply --validate=false -f examples/shipping-quorum.yaml\n"
             f"  .venv/bin/celery-event-operator topology billing\n"
+            f"  .venv/bin/celery-event-operator archive replay billing --via-cluster --exception TypeError\n"
             f"Stop with Ctrl-C.",
             flush=True,
         )
