@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from tests.support import waiting
 
 T = TypeVar("T")
@@ -70,3 +72,24 @@ def scrape(kubectl: Kubectl) -> str:
 def eventually(probe: Callable[[], T], timeout: float = 120, interval: float = 2) -> T:
     """A cluster is slower than the emulated API: longer deadlines, sparser polls."""
     return waiting.eventually(probe, timeout, interval)
+
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+WORKER_IMAGE = os.environ.get("E2E_WORKER_IMAGE", "billing-worker:e2e")
+
+
+def worker_manifest() -> str:
+    deployment = yaml.safe_load((EXAMPLES / "billing-worker.yaml").read_text())
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["image"], container["imagePullPolicy"] = WORKER_IMAGE, "Never"
+    return yaml.safe_dump(deployment)
+
+
+@pytest.fixture
+def service_with_workers(kubectl: Kubectl) -> Iterator[None]:
+    kubectl("apply", "-f", str(EXAMPLES / "billing.yaml"))
+    kubectl("apply", "-f", "-", stdin=worker_manifest())
+    kubectl("rollout", "status", "deployment/billing-worker", "--timeout=180s")
+    yield
+    kubectl("delete", "deployment", "billing-worker", "--ignore-not-found")
+    kubectl("delete", "-f", str(EXAMPLES / "billing.yaml"), "--ignore-not-found", "--timeout=60s")

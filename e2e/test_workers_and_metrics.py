@@ -4,40 +4,14 @@ and the built-in scaler reacting to a backlog."""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import re
-from collections.abc import Iterator
 
-import pytest
-import yaml
-
-from e2e.conftest import Kubectl, eventually, scrape
-
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-WORKER_IMAGE = os.environ.get("E2E_WORKER_IMAGE", "billing-worker:e2e")
-
-
-def worker_manifest() -> str:
-    deployment = yaml.safe_load((EXAMPLES / "billing-worker.yaml").read_text())
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    container["image"], container["imagePullPolicy"] = WORKER_IMAGE, "Never"
-    return yaml.safe_dump(deployment)
+from e2e.conftest import WORKER_IMAGE, Kubectl, eventually, scrape
 
 
 def pods(kubectl: Kubectl) -> list[dict[str, object]]:
     items: list[dict[str, object]] = kubectl.json("get", "pods", "-l", "celeryevents.io/service=billing")["items"]
     return items
-
-
-@pytest.fixture
-def service_with_workers(kubectl: Kubectl) -> Iterator[None]:
-    kubectl("apply", "-f", str(EXAMPLES / "billing.yaml"))
-    kubectl("apply", "-f", "-", stdin=worker_manifest())
-    kubectl("rollout", "status", "deployment/billing-worker", "--timeout=180s")
-    yield
-    kubectl("delete", "deployment", "billing-worker", "--ignore-not-found")
-    kubectl("delete", "-f", str(EXAMPLES / "billing.yaml"), "--ignore-not-found", "--timeout=60s")
 
 
 def test_worker_pods_get_the_settings_injected(kubectl: Kubectl, service_with_workers: None) -> None:

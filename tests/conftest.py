@@ -95,9 +95,12 @@ def kube_api(tmp_path: pathlib.Path) -> Iterator[EmulatedApi]:
 
 @pytest.fixture
 def crd_installed(kube_api: EmulatedApi) -> dict[str, Any]:
-    body: dict[str, Any] = kube_api.client.create(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition()
-    )
+    """The operator's CRDs (the service's is returned)."""
+    created = [
+        kube_api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition)
+        for definition in crd.custom_resource_definitions()
+    ]
+    body: dict[str, Any] = created[0]
     return body
 
 

@@ -142,7 +142,7 @@ async def main(
         def login_to_embedded_api(**_: Any) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=url, default_namespace="default")
 
-        documents = [crd.custom_resource_definition(), *with_broker_url(load_documents(examples), broker_url)]
+        documents = [*crd.custom_resource_definitions(), *with_broker_url(load_documents(examples), broker_url)]
         created = await create_all(url, documents)
         print(
             f"Embedded Kubernetes API at {url} (no cluster needed); created: {', '.join(created)}\n"
@@ -151,6 +151,7 @@ async def main(
             f"  kubectl get ces\n"
             f"  kubectl apply --validate=false -f examples/shipping-quorum.yaml\n"
             f"  .venv/bin/celery-event-operator topology billing\n"
+            f"  .venv/bin/celery-event-operator archive replay billing --via-cluster --exception TypeError\n"
             f"Stop with Ctrl-C.",
             flush=True,
         )

@@ -37,18 +37,19 @@ CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
 def _cmd_crd(args: argparse.Namespace) -> int:
     from celery_event_operator.api import crd
 
-    rendered = crd.render_yaml()
     stale = False
-    for directory in args.output_dir or CRD_OUTPUT_DIRS:
-        target = pathlib.Path(directory) / crd.CRD_FILE_NAME
-        if args.check:
-            if not target.exists() or target.read_text() != rendered:
-                print(f"{target} differs from the models; run `celery-event-operator crd`", file=sys.stderr)
-                stale = True
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(rendered)
-        print(target)
+    for kind in crd.KINDS:
+        rendered = crd.render_yaml(kind)
+        for directory in args.output_dir or CRD_OUTPUT_DIRS:
+            target = pathlib.Path(directory) / kind.file_name
+            if args.check:
+                if not target.exists() or target.read_text() != rendered:
+                    print(f"{target} differs from the models; run `celery-event-operator crd`", file=sys.stderr)
+                    stale = True
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(rendered)
+            print(target)
     return 1 if stale else 0
 
 
@@ -208,29 +209,129 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _progress(done: int, total: int) -> None:
+def _progress(done: int, total: int, verb: str = "replaying") -> None:
     if sys.stderr.isatty():
         filled = int(30 * done / max(total, 1))
-        print(f"\rreplaying {done}/{total} [{'#' * filled}{'.' * (30 - filled)}]", end="", file=sys.stderr, flush=True)
+        print(f"\r{verb} {done}/{total} [{'#' * filled}{'.' * (30 - filled)}]", end="", file=sys.stderr, flush=True)
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
-    from celery_event_operator.archive import operations
+    from celery_event_operator.archive.messages import Selection
     from celery_event_operator.errors import OperatorError
 
     if args.action == "purge" and not args.yes:
         print("error: purging deletes archived events for good; add --yes", file=sys.stderr)
         return 2
+    if getattr(args, "via_cluster", False):
+        return _archive_via_cluster(args)
     args.no_cluster = True  # with --broker-url, SERVICE is the serviceName: no cluster needed
     try:
         service, _spec, broker = _service_and_broker(args, args.service)
-        selection = operations.Selection(event=args.event, older_than=args.older_than, newer_than=args.newer_than)
+        selection = Selection.relative(
+            events=args.event,
+            exception_types=args.exception,
+            task_ids=args.task_id,
+            older_than=args.older_than,
+            newer_than=args.newer_than,
+            now=time.time(),
+        )
         output = broker.run(lambda connection: _archive_action(args, connection, service, selection))
     except OperatorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(output)
     return 0
+
+
+FOLLOW_SECONDS = 0.5
+NO_OPERATOR_HINT_SECONDS = 15.0
+
+
+def _archive_via_cluster(args: argparse.Namespace) -> int:
+    """Create a CeleryEventReplay (the user's RBAC, a record in the cluster) and follow it to its end."""
+    from celery_event_operator.errors import InvalidSpecError, OperatorError
+    from celery_event_operator.kubeapi import KubeApi
+    from celery_event_operator.replay import plan
+
+    if args.broker_url:
+        print("error: --via-cluster goes through the operator's broker access: leave out --broker-url", file=sys.stderr)
+        return 2
+    purge = args.action == "purge"
+    rate = getattr(args, "rate", None)
+    if rate is not None and (rate < 1 or not float(rate).is_integer()):
+        print("error: with --via-cluster, --rate is a whole number of events a second (at least 1)", file=sys.stderr)
+        return 2
+    try:
+        manifest = plan.manifest(
+            args.service,
+            purge=purge,
+            events=args.event,
+            exception_types=args.exception,
+            task_ids=args.task_id,
+            older_than_seconds=None if args.older_than is None else round(args.older_than),
+            newer_than_seconds=None if args.newer_than is None else round(args.newer_than),
+            limit=getattr(args, "limit", None),
+            rate_per_second=None if rate is None else int(rate),
+            dry_run=getattr(args, "dry_run", False),
+        )
+    except InvalidSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        kube = KubeApi.from_environment()
+        name = kube.create_replay(args.namespace, manifest)["metadata"]["name"]
+    except OperatorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"created CeleryEventReplay {name} in namespace {args.namespace}; the operator runs it", file=sys.stderr)
+    try:
+        return _follow(kube, args.namespace, name, "purging" if purge else "replaying")
+    except KeyboardInterrupt:
+        print(
+            f"\nstopped following: the replay goes on in the cluster (kubectl get cer {name} -n {args.namespace})",
+            file=sys.stderr,
+        )
+        return 130
+    except OperatorError as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        return 1
+
+
+def _follow(kube: Any, namespace: str, name: str, verb: str) -> int:
+    """The replay's progress with the same bar as a replay from here, its waits as they change, then its outcome."""
+    from celery_event_operator.replay import plan
+
+    created_at, told, barred = time.monotonic(), "", False
+    while True:
+        body = kube.read_replay(namespace, name)
+        now = plan.seen(body)
+        if now.state in ("True", "False"):
+            break
+        if now.reason == plan.RUNNING and now.total is not None:
+            _progress(now.done, now.total, verb)
+            barred = True
+        elif now.message and now.message != told:
+            if barred:
+                print(file=sys.stderr)  # below the bar
+            print(f"waiting: {now.message}", file=sys.stderr)
+            told, barred = now.message, False
+        elif not now.state and not told and time.monotonic() - created_at > NO_OPERATOR_HINT_SECONDS:
+            told = "no operator"
+            print(
+                "waiting: no operator has taken it up yet (is one running, with the CeleryEventReplay CRD installed "
+                "before it started?)",
+                file=sys.stderr,
+            )
+        time.sleep(FOLLOW_SECONDS)
+    if barred and now.total is not None:
+        _progress(now.done, now.total, verb)
+        print(file=sys.stderr)
+    for item in (body.get("status") or {}).get("preview") or []:
+        print(
+            f"  {item.get('archivedAt', '?')}  {item['event']}  {item.get('taskId', '-')}  {item.get('exception', '-')}"
+        )
+    print(now.message)
+    return 0 if now.state == "True" else 1
 
 
 def _archive_action(args: argparse.Namespace, connection: Any, service: str, selection: Any) -> str:
@@ -377,12 +478,28 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("service", help="the CeleryEventService (with --broker-url: its serviceName)")
         sub.add_argument("--namespace", "-n", default="default", help="the resource's namespace")
         sub.add_argument("--broker-url", help="connect here instead of through the resource's Secret")
-        sub.add_argument("--event", help="only events of this name (routing key)")
+        sub.add_argument(
+            "--event", action="append", default=[], help="only events of this name (routing key; repeatable)"
+        )
+        sub.add_argument(
+            "--exception",
+            action="append",
+            default=[],
+            help="only events archived after this exception class, e.g. TypeError (repeatable)",
+        )
+        sub.add_argument("--task-id", action="append", default=[], help="only the event of this task id (repeatable)")
         sub.add_argument("--older-than", type=_duration, help="only events archived longer ago (90s, 5m, 2h, 1d)")
         sub.add_argument("--newer-than", type=_duration, help="only events archived more recently")
         sub.set_defaults(handler=_cmd_archive)
         if action == "list":
             sub.add_argument("--json", action="store_true", help="print JSON rows")
+        if action != "list":
+            sub.add_argument(
+                "--via-cluster",
+                action="store_true",
+                help="create a CeleryEventReplay and follow it: the operator does it with its own broker access, "
+                "under your Kubernetes RBAC, recorded in the cluster",
+            )
         if action == "replay":
             sub.add_argument("--limit", type=int, help="replay at most this many")
             sub.add_argument("--dry-run", action="store_true", help="count what would be replayed; change nothing")

@@ -18,14 +18,14 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from celery_event_operator.api.metadata import GROUP
-from celery_event_operator.api.models import PLURAL, VERSION
+from celery_event_operator.api.models import PLURAL, REPLAY_PLURAL, VERSION
 from celery_event_operator.errors import BrokerSecretError, KubeError, NotFoundError
 
 # (API group, resource, verb) of every call the operator process makes (kopf's included). The chart's rules
 # grant exactly these (tests/unit/chart/test_chart.py), and every request of the running operator under the
 # chart's RBAC must be one of them (tests/integration/test_chart_rbac.py): a new call needs both an entry here
-# and a rule in charts/celery-event-operator/templates/rbac.yaml. (`read_service` serves the command line, which
-# runs with its user's credentials.)
+# and a rule in charts/celery-event-operator/templates/rbac.yaml. (`read_service`, `create_replay` and
+# `read_replay` serve the command line, which runs with its user's credentials.)
 API_CALLS = (
     # kopf: watching and patching the resources (annotations, finalizers), their status, Events.
     ("celeryevents.io", "celeryeventservices", "list"),
@@ -69,6 +69,13 @@ API_CALLS = (
     ("apps", "statefulsets/scale", "patch"),
     # the counters and replica fields in status, written between kopf's patches
     ("celeryevents.io", "celeryeventservices/status", "patch"),
+    # replays: kopf watches them (and keeps its finalizer on a running one); the operator writes their status
+    # and reads the service each names, which must be Ready
+    ("celeryevents.io", "celeryeventreplays", "list"),
+    ("celeryevents.io", "celeryeventreplays", "watch"),
+    ("celeryevents.io", "celeryeventreplays", "patch"),
+    ("celeryevents.io", "celeryeventreplays/status", "patch"),
+    ("celeryevents.io", "celeryeventservices", "get"),
 )
 
 T = TypeVar("T")
@@ -214,6 +221,35 @@ class KubeApi:
             ),
             f"cannot patch the status of {namespace}/{name}",
         )
+
+    def patch_replay_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        # Gone meanwhile (404, deleted while it ran): nothing to report on.
+        _unless_absent(
+            lambda: self._custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, REPLAY_PLURAL, name, {"status": status}, _request_timeout=10
+            ),
+            f"cannot patch the status of replay {namespace}/{name}",
+        )
+
+    def create_replay(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        with _reported(f"cannot create a CeleryEventReplay in {namespace}"):
+            created = self._custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, REPLAY_PLURAL, body, _request_timeout=10
+            )
+        if not isinstance(created, dict):
+            raise KubeError(f"cannot create a CeleryEventReplay in {namespace}: the API answered with no object")
+        return created
+
+    def read_replay(self, namespace: str, name: str) -> dict[str, Any]:
+        found = _object_unless_absent(
+            lambda: self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, REPLAY_PLURAL, name, _request_timeout=10
+            ),
+            f"CeleryEventReplay {namespace}/{name}",
+        )
+        if found is None:
+            raise NotFoundError(f"CeleryEventReplay {namespace}/{name} was deleted")
+        return found
 
     def ensure_peering(self, name: str, namespace: str | None) -> None:
         """The kopf peering object the replicas meet in: a ClusterKopfPeering, or a KopfPeering in `namespace`."""

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import secrets
 import signal
 import subprocess
@@ -213,6 +214,19 @@ def test_the_readme_commands_work_as_written_against_the_dev_mode(tmp_path: path
                 return False
 
         eventually(metrics_flow, timeout=60, message="no task metrics yet")
+
+        def buggy_event_archived() -> bool:
+            listed = subprocess.run(
+                [sys.executable, "-m", "celery_event_operator.cli", "archive", "list", "billing", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+            )
+            return listed.returncode == 0 and '"exception_type": "TypeError"' in listed.stdout
+
+        eventually(buggy_event_archived, timeout=60, interval=1, message="the buggy producer archived nothing")
         result = subprocess.run(
             ["bash", "-e", "-o", "pipefail", "-c", block],
             cwd=tmp_path,
@@ -225,6 +239,11 @@ def test_the_readme_commands_work_as_written_against_the_dev_mode(tmp_path: path
         assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         assert "Traceback" not in result.stdout + result.stderr
         assert 'celeryeventservice.celeryevents.io "billing" deleted' in result.stdout
+        # The replay through the operator: the buggy producer's archived events sent back (to fail again).
+        replayed = re.search(r"(\d+) of (\d+) selected archived events of billing sent back", result.stdout)
+        assert replayed is not None, result.stdout
+        assert int(replayed[1]) == int(replayed[2]) >= 1
+        assert re.search(r"billing-replay-\S+\s+billing\s+replay\s+True\s+Replayed", result.stdout), result.stdout
     finally:
         stop_dev_mode(process)
         log.close()

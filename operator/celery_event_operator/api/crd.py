@@ -1,4 +1,4 @@
-"""Render the CustomResourceDefinition from the pydantic models (pure).
+"""Render the CustomResourceDefinitions from the pydantic models (pure).
 
 Pydantic emits JSON Schema with `$ref`, `anyOf: [X, null]` for optionals and titles; a CRD needs a
 structural schema: every node typed, everything inlined, no nulls. This module translates one into
@@ -8,6 +8,7 @@ the other and adds what only Kubernetes knows: subresources, printer columns, CE
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import yaml
@@ -89,6 +90,8 @@ def _inline(node: Any, definitions: dict[str, Any]) -> Any:
             result[key] = {name: _inline(prop, definitions) for name, prop in value.items()}
         elif key in ("items",):
             result[key] = _inline(value, definitions)
+        elif key == "default":
+            result[key] = _without_nulls(value)
         else:
             result[key] = copy.deepcopy(value)
     if "enum" in result and "type" not in result:
@@ -98,6 +101,13 @@ def _inline(node: Any, definitions: dict[str, Any]) -> Any:
     return result
 
 
+def _without_nulls(value: Any) -> Any:
+    """A default as the API server stores it: an unset optional field is absent, never null."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    return copy.deepcopy(value)
+
+
 def _schema_of(model: type[models.Model]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     definitions = raw.pop("$defs", {})
@@ -105,12 +115,84 @@ def _schema_of(model: type[models.Model]) -> dict[str, Any]:
     return schema
 
 
-def open_api_schema() -> dict[str, Any]:
-    spec = _schema_of(models.CeleryEventServiceSpec)
-    status = _schema_of(models.CeleryEventServiceStatus)
-    spec["description"] = "Desired state of one Celery event service."
+# A run to completion, as Knative and Tekton say it: one condition, Succeeded, Unknown while it runs (its reason
+# says how far: waiting, running) and True or False at the end.
+REPLAY_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Service", "type": "string", "jsonPath": ".spec.serviceRef.name"},
+    {"name": "Action", "type": "string", "jsonPath": ".spec.action"},
+    {"name": "Succeeded", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Succeeded")].status'},
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Succeeded")].reason'},
+    {"name": "Matched", "type": "integer", "jsonPath": ".status.matched"},
+    {"name": "Replayed", "type": "integer", "jsonPath": ".status.replayed"},
+    {"name": "Purged", "type": "integer", "priority": 1, "jsonPath": ".status.purged"},
+    {"name": "Skipped", "type": "integer", "priority": 1, "jsonPath": ".status.skipped"},
+    {"name": "Remaining", "type": "integer", "jsonPath": ".status.remaining"},
+    {"name": "Started", "type": "date", "priority": 1, "jsonPath": ".status.startTime"},
+    {"name": "Completed", "type": "date", "priority": 1, "jsonPath": ".status.completionTime"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One custom resource of the API: its models and what only Kubernetes knows of it."""
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    spec: type[models.Model]
+    status: type[models.Model]
+    description: str
+    printer_columns: list[dict[str, Any]]
+    subresources: dict[str, Any]
+    root_validations: list[models.JsonDict]
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.plural}.{GROUP}.yaml"
+
+
+SERVICE = Kind(
+    kind=models.KIND,
+    plural=models.PLURAL,
+    singular=models.SINGULAR,
+    short_names=models.SHORT_NAMES,
+    spec=models.CeleryEventServiceSpec,
+    status=models.CeleryEventServiceStatus,
+    description="Desired state of one Celery event service.",
+    printer_columns=PRINTER_COLUMNS,
+    subresources={
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.workers.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    },
+    root_validations=ROOT_VALIDATIONS,
+)
+REPLAY = Kind(
+    kind=models.REPLAY_KIND,
+    plural=models.REPLAY_PLURAL,
+    singular=models.REPLAY_SINGULAR,
+    short_names=models.REPLAY_SHORT_NAMES,
+    spec=models.CeleryEventReplaySpec,
+    status=models.CeleryEventReplayStatus,
+    description="A replay or purge of a service's archived events, run once by the operator.",
+    printer_columns=REPLAY_PRINTER_COLUMNS,
+    subresources={"status": {}},
+    root_validations=[],
+)
+KINDS = (SERVICE, REPLAY)
+
+
+def open_api_schema(kind: Kind = SERVICE) -> dict[str, Any]:
+    spec = _schema_of(kind.spec)
+    status = _schema_of(kind.status)
+    spec["description"] = kind.description
     status["description"] = "Observed state, written by the operator."
-    return {
+    schema: dict[str, Any] = {
         "type": "object",
         "required": ["spec"],
         "properties": {
@@ -120,27 +202,29 @@ def open_api_schema() -> dict[str, Any]:
             "spec": spec,
             "status": status,
         },
-        "x-kubernetes-validations": ROOT_VALIDATIONS,
     }
+    if kind.root_validations:
+        schema["x-kubernetes-validations"] = kind.root_validations
+    return schema
 
 
-def custom_resource_definition() -> dict[str, Any]:
+def custom_resource_definition(kind: Kind = SERVICE) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{models.PLURAL}.{GROUP}",
+            "name": f"{kind.plural}.{GROUP}",
             "labels": {"app.kubernetes.io/name": "celery-event-operator"},
         },
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": models.KIND,
-                "listKind": f"{models.KIND}List",
-                "plural": models.PLURAL,
-                "singular": models.SINGULAR,
-                "shortNames": list(models.SHORT_NAMES),
+                "kind": kind.kind,
+                "listKind": f"{kind.kind}List",
+                "plural": kind.plural,
+                "singular": kind.singular,
+                "shortNames": list(kind.short_names),
                 "categories": ["celery"],
             },
             "versions": [
@@ -148,25 +232,23 @@ def custom_resource_definition() -> dict[str, Any]:
                     "name": models.VERSION,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": open_api_schema()},
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.workers.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": open_api_schema(kind)},
+                    "subresources": kind.subresources,
+                    "additionalPrinterColumns": kind.printer_columns,
                 }
             ],
         },
     }
 
 
-CRD_FILE_NAME = f"{models.PLURAL}.{GROUP}.yaml"
+def custom_resource_definitions() -> list[dict[str, Any]]:
+    """Every CRD of the operator, the service's first."""
+    return [custom_resource_definition(kind) for kind in KINDS]
+
+
+CRD_FILE_NAME = SERVICE.file_name
 _HEADER = "# Generated by `celery-event-operator crd` from operator/celery_event_operator/api/models.py; do not edit.\n"
 
 
-def render_yaml() -> str:
-    return _HEADER + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=120)
+def render_yaml(kind: Kind = SERVICE) -> str:
+    return _HEADER + yaml.safe_dump(custom_resource_definition(kind), sort_keys=False, width=120)

@@ -1,4 +1,4 @@
-"""Typed models of the CeleryEventService resource: the single source of the CRD schema.
+"""Typed models of the CeleryEventService and CeleryEventReplay resources: the single source of the CRD schemas.
 
 Field constraints here become the CRD's openAPIV3Schema (see `crd.py`), and the same models
 validate a resource inside the operator, so a spec that slipped past the API server (an old
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal, Self, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -475,6 +475,183 @@ class CeleryEventServiceStatus(Model):
     last_scale_time: Annotated[str | None, Field(default=None, json_schema_extra={"format": "date-time"})] = None
 
 
+# --- CeleryEventReplay: a replay or purge of a service's archive, run by the operator -------------------------
+
+REPLAY_KIND = "CeleryEventReplay"
+REPLAY_PLURAL = "celeryeventreplays"
+REPLAY_SINGULAR = "celeryeventreplay"
+REPLAY_SHORT_NAMES = ("cer",)
+# Python class names, as the runtime records a failure's exception (`type(exc).__name__`).
+EXCEPTION_TYPE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# What a filter may list, and what status shows of the messages: bounded, whatever the archive holds.
+MAX_FILTER_EVENTS = 100
+MAX_FILTER_EXCEPTION_TYPES = 50
+MAX_FILTER_TASK_IDS = 1000
+PREVIEW_SIZE = 20
+SHOWN_EXCEPTION_LENGTH = 300
+TEN_YEARS_SECONDS = 315_360_000
+
+EventName = Annotated[str, Field(pattern=EVENT_NAME_PATTERN, min_length=1, max_length=EVENT_NAME_MAX_LENGTH)]
+ExceptionType = Annotated[str, Field(pattern=EXCEPTION_TYPE_PATTERN, min_length=1, max_length=200)]
+TaskId = Annotated[str, Field(min_length=1, max_length=255)]  # an AMQP short string
+
+
+class ServiceRef(Model):
+    name: Annotated[
+        str,
+        Field(
+            pattern=K8S_NAME_PATTERN,
+            max_length=253,
+            description="Name of the CeleryEventService, in the replay's own namespace (there is no other).",
+        ),
+    ]
+
+
+class ReplayFilter(Model):
+    """Which archived events are taken; every part given must hold (an empty filter takes them all)."""
+
+    RULES = (
+        Rule(
+            "!has(self.olderThanSeconds) || !has(self.newerThanSeconds)"
+            " || self.olderThanSeconds < self.newerThanSeconds",
+            "olderThanSeconds must be below newerThanSeconds (the age window would be empty)",
+            lambda f: (
+                f.older_than_seconds is None
+                or f.newer_than_seconds is None
+                or f.older_than_seconds < f.newer_than_seconds
+            ),
+        ),
+    )
+
+    events: Annotated[
+        list[EventName],
+        Field(max_length=MAX_FILTER_EVENTS, description="Only these events (routing keys); any when empty."),
+    ] = []
+    exception_types: Annotated[
+        list[ExceptionType],
+        Field(
+            max_length=MAX_FILTER_EXCEPTION_TYPES,
+            description="Only events archived after one of these exceptions (class names, e.g. TypeError).",
+        ),
+    ] = []
+    task_ids: Annotated[
+        list[TaskId], Field(max_length=MAX_FILTER_TASK_IDS, description="Only the events of these Celery task ids.")
+    ] = []
+    older_than_seconds: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=0,
+            le=TEN_YEARS_SECONDS,
+            description="Only events archived at least this long before the replay was created.",
+        ),
+    ] = None
+    newer_than_seconds: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=1,
+            le=TEN_YEARS_SECONDS,
+            description="Only events archived at most this long before the replay was created.",
+        ),
+    ] = None
+
+
+REPLAY_SPEC_IMMUTABLE = Rule("self == oldSelf", "a replay's spec is immutable: create another replay")
+
+
+class CeleryEventReplaySpec(Model):
+    RULES = (
+        Rule(
+            "self.action != 'purge' || self.dryRun || self.confirm",
+            "a purge deletes archived events for good: set confirm: true (or dryRun: true to see what it would take)",
+            lambda spec: spec.action != "purge" or spec.dry_run or spec.confirm,
+        ),
+        REPLAY_SPEC_IMMUTABLE,
+    )
+
+    service_ref: Annotated[ServiceRef, Field(description="The service whose archive this acts on.")]
+    action: Annotated[
+        Literal["replay", "purge"],
+        Field(description="replay: back to the service's handler queues; purge: deleted for good."),
+    ] = "replay"
+    filter: Annotated[ReplayFilter, Field(description="Which archived events; all of them when empty.")] = (
+        ReplayFilter()
+    )
+    limit: Annotated[
+        int | None, Field(default=None, ge=1, le=100_000_000, description="At most this many, oldest first.")
+    ] = None
+    rate_per_second: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=1,
+            le=100_000,
+            description="At most this many a second; as fast as the broker confirms when unset.",
+        ),
+    ] = None
+    dry_run: Annotated[
+        bool, Field(description="Count what would be taken and show the first ones in status; change nothing.")
+    ] = False
+    confirm: Annotated[bool, Field(description="Required with action purge (unless dryRun).")] = False
+
+
+class ArchivedMessage(Model):
+    """One archived event as status shows it (never its arguments: they may hold personal data)."""
+
+    event: Annotated[str, Field(max_length=255)]
+    task_id: Annotated[str | None, Field(default=None, max_length=255)] = None
+    exception: Annotated[str | None, Field(default=None, max_length=SHOWN_EXCEPTION_LENGTH)] = None
+    archived_at: Annotated[str | None, Field(default=None, json_schema_extra={"format": "date-time"})] = None
+
+
+Count = Annotated[int | None, Field(default=None, ge=0)]
+
+
+class CeleryEventReplayStatus(Model):
+    observed_generation: Annotated[int | None, Field(default=None, ge=0)] = None
+    conditions: Annotated[
+        list[Condition],
+        Field(json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
+    ] = []
+    service_name: Annotated[
+        str | None, Field(default=None, description="The serviceName whose archive is acted on.")
+    ] = None
+    archived: Annotated[int | None, Field(default=None, ge=0, description="Events in the archive at the start.")] = None
+    matched: Annotated[
+        int | None,
+        Field(default=None, ge=0, description="Events archived before startTime that the filter selects."),
+    ] = None
+    replayed: Annotated[int | None, Field(default=None, ge=0, description="Sent back, the copy confirmed.")] = None
+    purged: Annotated[int | None, Field(default=None, ge=0, description="Deleted from the archive.")] = None
+    skipped: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=0,
+            description="Selected but left archived: beyond the limit, or no queue takes them any more.",
+        ),
+    ] = None
+    remaining: Annotated[int | None, Field(default=None, ge=0, description="Still to replay or purge.")] = None
+    first_message: Annotated[ArchivedMessage | None, Field(default=None, description="The first one taken.")] = None
+    last_message: Annotated[ArchivedMessage | None, Field(default=None, description="The last one taken so far.")] = (
+        None
+    )
+    preview: Annotated[
+        list[ArchivedMessage],
+        Field(max_length=PREVIEW_SIZE, description=f"With dryRun: the first {PREVIEW_SIZE} it would take."),
+    ] = []
+    start_time: Annotated[
+        str | None,
+        Field(
+            default=None,
+            json_schema_extra={"format": "date-time"},
+            description="When it started; only events archived before it are taken.",
+        ),
+    ] = None
+    completion_time: Annotated[str | None, Field(default=None, json_schema_extra={"format": "date-time"})] = None
+
+
 # At the root of the resource, where metadata.name is seen (the spec's own schema cannot see it): without
 # spec.serviceName, the name prefixes every RabbitMQ name and must be a valid one.
 SERVICE_NAME_RULE = Rule(
@@ -494,8 +671,20 @@ def effective_service_name(spec: CeleryEventServiceSpec, resource_name: str) -> 
 
 def parse_spec(raw_spec: Any) -> CeleryEventServiceSpec:
     """Validate a raw spec; errors become one readable InvalidSpecError (field paths, no input values)."""
+    return _parsed(CeleryEventServiceSpec, raw_spec)
+
+
+def parse_replay_spec(raw_spec: Any) -> CeleryEventReplaySpec:
+    """A CeleryEventReplay's spec, validated as parse_spec validates a service's."""
+    return _parsed(CeleryEventReplaySpec, raw_spec)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _parsed(model: type[M], raw_spec: Any) -> M:
     try:
-        return CeleryEventServiceSpec.model_validate(raw_spec)
+        return model.model_validate(raw_spec)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc']) or 'spec'}: {error['msg']}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_event_operator.naming import ARCHIVED_AT_HEADER, EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
@@ -35,6 +35,7 @@ class Archived:
     task_id: str | None
     attempts: int | None
     exception: str | None
+    exception_type: str | None  # the exception's class name, as the runtime records it
     archived_at: float | None  # unix time
     summary: str  # arguments, or what the body is
 
@@ -85,6 +86,7 @@ def describe(
             task_id=None if task_id is None else str(task_id),
             attempts=attempts,
             exception=_exception(headers),
+            exception_type=_text(headers.get(EXCEPTION_TYPE_HEADER)),
             archived_at=_archived_at(headers),
             summary=summary,
         )
@@ -102,6 +104,10 @@ def describe(
     return archived("json", task_id, None, _short(decoded, 120))
 
 
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -117,15 +123,59 @@ def replay_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def selected(
-    item: Archived, *, event: str | None, older_than: float | None, newer_than: float | None, now: float
-) -> bool:
-    if event is not None and item.event != event:
-        return False
-    age = item.age(now)
-    if older_than is not None and (age is None or age < older_than):
-        return False
-    return not (newer_than is not None and (age is None or age > newer_than))
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """Which archived messages an action takes. Times are unix times; empty sets select everything.
+
+    An age window (`archived_since`, `archived_until`, inclusive) leaves out messages whose archive time is
+    unknown. `started_at` leaves out what was archived once the action started (a replayed event that fails
+    again is archived again, and must not be taken a second time); a message of unknown time passes it.
+    """
+
+    events: frozenset[str] = frozenset()
+    exception_types: frozenset[str] = frozenset()
+    task_ids: frozenset[str] = frozenset()
+    archived_since: float | None = None
+    archived_until: float | None = None
+    started_at: float | None = None
+
+    @classmethod
+    def relative(
+        cls,
+        *,
+        events: Iterable[str] = (),
+        exception_types: Iterable[str] = (),
+        task_ids: Iterable[str] = (),
+        older_than: float | None = None,
+        newer_than: float | None = None,
+        now: float,
+    ) -> Selection:
+        """The command line's filter: ages in seconds before `now`."""
+        return cls(
+            events=frozenset(events),
+            exception_types=frozenset(exception_types),
+            task_ids=frozenset(task_ids),
+            archived_until=None if older_than is None else now - older_than,
+            archived_since=None if newer_than is None else now - newer_than,
+        )
+
+    @property
+    def everything(self) -> bool:
+        return self == Selection()
+
+    def matches(self, item: Archived) -> bool:
+        if self.events and item.event not in self.events:
+            return False
+        if self.exception_types and item.exception_type not in self.exception_types:
+            return False
+        if self.task_ids and item.task_id not in self.task_ids:
+            return False
+        moment = item.archived_at
+        if self.started_at is not None and moment is not None and moment >= self.started_at:
+            return False
+        if self.archived_since is not None and (moment is None or moment < self.archived_since):
+            return False
+        return not (self.archived_until is not None and (moment is None or moment > self.archived_until))
 
 
 def table(items: list[Archived], now: float) -> str:

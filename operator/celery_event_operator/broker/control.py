@@ -50,11 +50,16 @@ logger = logging.getLogger(__name__)
 
 class ControlConnection:
     def __init__(
-        self, address: BrokerAddress, tls: TlsFiles | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        address: BrokerAddress,
+        tls: TlsFiles | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        heartbeat: float = 0,
     ) -> None:
         self.address = address
         self._tls = tls
         self._clock = clock
+        self._heartbeat = heartbeat  # for work that keeps the connection busy (a replay): the broker sees it die
         self._lock = threading.Lock()  # `run` may also be called from other threads (the command line)
         self._connection: Connection | None = None
         self._backoff = Backoff()
@@ -116,7 +121,7 @@ class ControlConnection:
         connection = Connection(
             self.address.urls[self.address.endpoints.index(endpoint)],
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
-            heartbeat=0,  # used in bursts by one thread: a dead connection shows on next use
+            heartbeat=self._heartbeat,  # 0 by default: used in bursts by one thread, a dead one shows on next use
             ssl=tls_options,
             transport_options={
                 "client_properties": {"connection_name": CONNECTION_NAME},

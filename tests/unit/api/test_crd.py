@@ -24,10 +24,11 @@ def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
     return nodes
 
 
+@pytest.mark.parametrize("kind", crd.KINDS, ids=[kind.kind for kind in crd.KINDS])
 @pytest.mark.parametrize("directory", cli.CRD_OUTPUT_DIRS)
-def test_committed_crd_matches_the_models(directory: str) -> None:
-    committed = (REPO / directory / crd.CRD_FILE_NAME).read_text()
-    assert committed == crd.render_yaml(), f"{directory} is stale: run `celery-event-operator crd`"
+def test_committed_crd_matches_the_models(directory: str, kind: crd.Kind) -> None:
+    committed = (REPO / directory / kind.file_name).read_text()
+    assert committed == crd.render_yaml(kind), f"{directory} is stale: run `celery-event-operator crd`"
 
 
 def test_crd_check_fails_when_a_model_changed_without_rendering(tmp_path: pathlib.Path) -> None:
@@ -38,12 +39,14 @@ def test_crd_check_fails_when_a_model_changed_without_rendering(tmp_path: pathli
     assert cli.main(["crd", "--check", "--output-dir", str(tmp_path)]) == 0
 
 
-def test_schema_is_structural() -> None:
-    schema = crd.open_api_schema()
+@pytest.mark.parametrize("kind", crd.KINDS, ids=[kind.kind for kind in crd.KINDS])
+def test_schema_is_structural(kind: crd.Kind) -> None:
+    schema = crd.open_api_schema(kind)
     for path, node in _walk(schema):
         assert "type" in node, f"{path or '<root>'} has no type"
         forbidden = {"$ref", "anyOf", "oneOf", "allOf", "nullable", "title", "$defs"} & set(node)
         assert not forbidden, f"{path} carries {forbidden}"
+        assert "null" not in str(node.get("default")).lower(), f"{path} defaults to a null"
 
 
 @pytest.mark.parametrize(
@@ -81,10 +84,24 @@ def test_crd_identity_subresources_and_columns() -> None:
     assert default_columns == ["Ready", "Queue", "Consumers", "Replicas", "Age"]
 
 
-def test_status_schema_has_no_phase_and_conditions_by_type() -> None:
-    status = crd.open_api_schema()["properties"]["status"]
+@pytest.mark.parametrize("kind", crd.KINDS, ids=[kind.kind for kind in crd.KINDS])
+def test_status_schema_has_no_phase_and_conditions_by_type(kind: crd.Kind) -> None:
+    status = crd.open_api_schema(kind)["properties"]["status"]
     assert "phase" not in status["properties"]
     assert status["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_replay_crd_identity_and_columns() -> None:
+    body = crd.custom_resource_definition(crd.REPLAY)
+    assert body["metadata"]["name"] == "celeryeventreplays.celeryevents.io"
+    assert body["spec"]["names"]["shortNames"] == ["cer"]
+    version = body["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    default_columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert default_columns == ["Service", "Action", "Succeeded", "Reason", "Matched", "Replayed", "Remaining", "Age"]
+    nodes = dict(_walk(crd.open_api_schema(crd.REPLAY)))
+    assert nodes[".status.preview"]["maxItems"] == models.PREVIEW_SIZE, "what status lists is bounded"
+    assert nodes[".spec.filter.taskIds"]["maxItems"] == models.MAX_FILTER_TASK_IDS
 
 
 def test_the_command_line_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:

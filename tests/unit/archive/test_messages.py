@@ -80,9 +80,59 @@ def test_replayed_copy_has_its_attempts_and_history_reset() -> None:
 )
 def test_selection(event: str | None, older: float | None, newer: float | None, expected: bool) -> None:
     item = messages.describe(0, b"{}", {naming.ARCHIVED_AT_HEADER: NOW - 120}, {}, "e")
-    assert messages.selected(item, event=event, older_than=older, newer_than=newer, now=NOW) is expected
+    selection = messages.Selection.relative(
+        events=[event] if event else [], older_than=older, newer_than=newer, now=NOW
+    )
+    assert selection.matches(item) is expected
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("5m", 300), ("2h", 7200), ("1d", 86400)])
 def test_durations(text: str, seconds: float) -> None:
     assert cli._duration(text) == seconds
+
+
+def _archived(
+    event: str = "e", exception_type: str | None = "TypeError", at: float | None = NOW - 120
+) -> messages.Archived:
+    headers: dict[str, object] = {"task": event, "id": f"id-{event}"}
+    if exception_type is not None:
+        headers[naming.EXCEPTION_TYPE_HEADER] = exception_type
+    if at is not None:
+        headers[naming.ARCHIVED_AT_HEADER] = at
+    return messages.describe(0, b"[[], {}, {}]", headers, {}, event)
+
+
+@pytest.mark.parametrize(
+    ("selection", "item", "expected"),
+    [
+        pytest.param(messages.Selection(), _archived(), True, id="everything"),
+        pytest.param(messages.Selection(events=frozenset({"e", "f"})), _archived("f"), True, id="one-of-the-events"),
+        pytest.param(messages.Selection(exception_types=frozenset({"TypeError"})), _archived(), True, id="exception"),
+        pytest.param(
+            messages.Selection(exception_types=frozenset({"KeyError"})), _archived(), False, id="other-exception"
+        ),
+        pytest.param(
+            messages.Selection(exception_types=frozenset({"KeyError"})),
+            _archived(exception_type=None),
+            False,
+            id="no-exception-recorded",
+        ),
+        pytest.param(messages.Selection(task_ids=frozenset({"id-e"})), _archived(), True, id="task-id"),
+        pytest.param(messages.Selection(task_ids=frozenset({"id-x"})), _archived(), False, id="other-task-id"),
+        pytest.param(messages.Selection(started_at=NOW - 121), _archived(), False, id="archived-after-the-start"),
+        pytest.param(messages.Selection(started_at=NOW - 120), _archived(), False, id="archived-as-it-started"),
+        pytest.param(messages.Selection(started_at=NOW - 119), _archived(), True, id="archived-before-the-start"),
+        pytest.param(messages.Selection(started_at=NOW), _archived(at=None), True, id="unknown-time-passes-start"),
+        pytest.param(messages.Selection(archived_until=NOW), _archived(at=None), False, id="unknown-time-no-window"),
+        pytest.param(
+            messages.Selection(archived_since=NOW - 120, archived_until=NOW - 120), _archived(), True, id="inclusive"
+        ),
+    ],
+)
+def test_selection_of_a_replay(selection: messages.Selection, item: messages.Archived, expected: bool) -> None:
+    assert selection.matches(item) is expected
+
+
+def test_the_exception_class_is_read() -> None:
+    assert _archived().exception_type == "TypeError"
+    assert _archived(exception_type=None).exception_type is None

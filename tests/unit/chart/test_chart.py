@@ -82,11 +82,17 @@ def test_rendered_manifests_are_valid(values: dict[str, Any], kubernetes_version
 
 def test_crd_equals_the_repository_crd_and_is_kept() -> None:
     crds = {d["metadata"]["name"]: d for d in render({}) if d["kind"] == "CustomResourceDefinition"}
-    assert set(crds) == {"celeryeventservices.celeryevents.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
-    chart_crd = crds["celeryeventservices.celeryevents.io"]
-    annotations = chart_crd["metadata"].pop("annotations")
-    assert annotations == {"helm.sh/resource-policy": "keep"}
-    assert chart_crd == crd.custom_resource_definition()
+    assert set(crds) == {
+        "celeryeventservices.celeryevents.io",
+        "celeryeventreplays.celeryevents.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    }
+    for ours in crd.custom_resource_definitions():
+        chart_crd = crds[ours["metadata"]["name"]]
+        annotations = chart_crd["metadata"].pop("annotations")
+        assert annotations == {"helm.sh/resource-policy": "keep"}
+        assert chart_crd == ours
     for peering in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         repository = yaml.safe_load((REPO / "crds" / f"{peering}.yaml").read_text())
         assert crds[peering]["spec"] == repository["spec"], "the chart's peering CRDs are the repository's"
@@ -95,12 +101,23 @@ def test_crd_equals_the_repository_crd_and_is_kept() -> None:
     assert all("annotations" not in d["metadata"] for d in unkept)
 
 
+def operator_roles(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's own Roles and ClusterRoles (not those aggregated into the users' built-in roles)."""
+    return [
+        d
+        for d in documents
+        if d["kind"] in ("ClusterRole", "Role")
+        and not any(label.startswith("rbac.authorization.k8s.io/aggregate-to-") for label in d["metadata"]["labels"])
+    ]
+
+
 def test_namespaced_install_binds_roles_per_namespace() -> None:
     documents = render({"watchNamespaces": ["shop", "billing"]})
     kinds = {(d["kind"], d["metadata"].get("namespace")) for d in documents}
     assert ("Role", "shop") in kinds
     assert ("RoleBinding", "billing") in kinds
-    assert not {kind for kind, _ in kinds} & {"ClusterRole", "ClusterRoleBinding"}
+    assert "ClusterRoleBinding" not in {kind for kind, _ in kinds}
+    assert {d["kind"] for d in operator_roles(documents)} == {"Role"}
     [deployment] = [d for d in documents if d["kind"] == "Deployment"]
     assert {"--namespace=shop", "--namespace=billing"} <= set(
         deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -152,6 +169,11 @@ def test_the_operator_pod_is_ready_only_once_its_webhook_listens(webhook: bool) 
 def test_bad_values_are_rejected_by_the_schema(values: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmError):
         render(values)
+
+
+def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    """A role's rules grant the verb on the resource (as written: no wildcards in the chart's aggregated roles)."""
+    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in rules)
 
 
 # The chart's RBAC variants: cluster-wide or per namespace, one replica or a kopf peering of two.
@@ -211,7 +233,7 @@ def test_replicas_meet_in_a_peering_behind_a_disruption_budget() -> None:
     assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     single = render({})
     assert not [d for d in single if d["kind"] == "PodDisruptionBudget"]
-    [role] = [d for d in single if d["kind"] == "ClusterRole"]
+    [role] = operator_roles(single)
     assert not [rule for rule in role["rules"] if "kopf.dev" in rule["apiGroups"]], "one replica needs no peering"
     [alone] = [d for d in single if d["kind"] == "Deployment"]
     assert alone["spec"]["strategy"] == {"type": "Recreate"}
@@ -219,7 +241,7 @@ def test_replicas_meet_in_a_peering_behind_a_disruption_budget() -> None:
 
 
 def test_rbac_grants_nothing_broad() -> None:
-    [role] = [d for d in render({}) if d["kind"] == "ClusterRole"]
+    [role] = operator_roles(render({}))
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
         if "secrets" in rule["resources"]:
@@ -346,3 +368,25 @@ def test_every_value_is_described_in_the_schema() -> None:
         return missing
 
     assert undescribed(json.loads((CHART / "values.schema.json").read_text()), "") == []
+
+
+def test_namespace_editors_may_replay_and_viewers_may_read() -> None:
+    """Whoever may edit a namespace may create replays there (aggregated into `edit` and `admin`); nothing lets
+    them read the broker's Secret through it."""
+    roles = {d["metadata"]["name"]: d for d in render({}) if d["kind"] == "ClusterRole"}
+    edit = roles["ceo-celery-event-operator-replays-edit"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert _allows(edit["rules"], "celeryevents.io", "celeryeventreplays", "create")
+    assert _allows(edit["rules"], "celeryevents.io", "celeryeventreplays", "delete")
+    assert not _allows(edit["rules"], "celeryevents.io", "celeryeventreplays/status", "patch"), "status: the operator's"
+    assert not [
+        rule for rule in edit["rules"] if "secrets" in rule["resources"] or "celeryeventservices" in rule["resources"]
+    ]
+    view = roles["ceo-celery-event-operator-view"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {verb for rule in view["rules"] for verb in rule["verbs"]} == {"get", "list", "watch"}
+    assert not [d for d in render({"watchNamespaces": ["shop"]}) if d["kind"] == "ClusterRoleBinding"]
+    kinds = [d["metadata"]["name"] for d in render({"rbac": {"aggregateToEdit": False, "aggregateToView": False}})]
+    assert "ceo-celery-event-operator-replays-edit" not in kinds
+    assert "ceo-celery-event-operator-view" not in kinds

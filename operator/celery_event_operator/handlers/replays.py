@@ -1,0 +1,44 @@
+"""The CeleryEventReplay resource: each one run by its ReplayKeeper (replay/keeper.py) in a daemon of its own.
+
+A replay goes to the operator (shard) that keeps the service it names, which also holds the one-replay-per-service
+slots. Ended replays (Succeeded True or False) are left alone: no daemon, no finalizer; a running one carries
+kopf's finalizer, so that its deletion stops it between two events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from celery_event_operator.api.metadata import GROUP
+from celery_event_operator.api.models import REPLAY_PLURAL, VERSION
+from celery_event_operator.options import OperatorOptions
+from celery_event_operator.replay import plan
+from celery_event_operator.replay.keeper import ReplayKeeper, Shared
+from celery_event_operator.service.conclusion import EventNote
+
+
+@kopf.on.startup()
+def share_between_replays(memo: kopf.Memo, **_: Any) -> None:
+    memo.replays = Shared()  # the root memo's: every replay's daemon sees the same slots and service reads
+
+
+def _runs_here(namespace: str | None, spec: kopf.Spec, status: kopf.Status, memo: kopf.Memo, **_: Any) -> bool:
+    """Not ended, and of a service of this operator's shard."""
+    options: OperatorOptions = memo.options
+    reference = spec.get("serviceRef")
+    service = reference.get("name") if isinstance(reference, dict) else None
+    return not plan.finished(status) and options.owns(namespace, service if isinstance(service, str) else None)
+
+
+@kopf.daemon(GROUP, VERSION, REPLAY_PLURAL, when=_runs_here, cancellation_backoff=5.0, cancellation_timeout=20.0)
+async def run_replay(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    def post(notes: tuple[EventNote, ...]) -> None:
+        for note in notes:
+            kopf.event(body, type=note.type, reason=note.reason, message=note.message)
+            (logger.warning if note.type == "Warning" else logger.info)("%s: %s", note.reason, note.message)
+
+    await ReplayKeeper(memo.context, memo.replays, body, post, logger).run(stopped)

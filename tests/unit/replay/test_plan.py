@@ -1,0 +1,240 @@
+"""What a replay selects, how it counts when it resumes, and what its status and Events say (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_event_operator import naming
+from celery_event_operator.archive import messages
+from celery_event_operator.errors import InvalidSpecError
+from celery_event_operator.replay import plan
+from celery_event_operator.replay.slots import ReplaySlots
+
+CREATED_AT = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+NOW = CREATED_AT + 60
+
+
+def body(
+    spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None, generation: int = 1
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "retry",
+            "namespace": "shop",
+            "generation": generation,
+            "creationTimestamp": plan.timestamp(CREATED_AT),
+        },
+        "spec": {"serviceRef": {"name": "billing"}, **(spec or {})},
+        "status": status or {},
+    }
+
+
+def archived(event: str = "e", at: float = CREATED_AT - 600, task_id: str = "t-1") -> messages.Archived:
+    headers = {"task": event, "id": task_id, naming.ARCHIVED_AT_HEADER: at, naming.EXCEPTION_HEADER: "TypeError: x"}
+    return messages.describe(0, b'[[{"card": "4111"}], {}, {}]', headers, {}, event)
+
+
+def test_understood_with_its_creation_time() -> None:
+    replay = plan.understand(body({"filter": {"events": ["e"]}}))
+    assert (replay.namespace, replay.name, replay.service, replay.created_at) == (
+        "shop",
+        "retry",
+        "billing",
+        CREATED_AT,
+    )
+    assert not replay.purge
+    assert replay.done_field == "replayed"
+    assert plan.understand(body({"action": "purge", "confirm": True})).done_field == "purged"
+
+
+@pytest.mark.parametrize(
+    ("spec", "text"),
+    [
+        pytest.param(
+            {"serviceRef": {"name": "billing", "namespace": "other"}}, "own namespace", id="another-namespace"
+        ),
+        pytest.param({"action": "purge"}, "set confirm: true", id="unconfirmed-purge"),
+        pytest.param({"filter": {"taskIds": "t-1"}}, "filter.taskIds", id="malformed-filter"),
+        pytest.param({"limit": 0}, "limit", id="zero-limit"),
+    ],
+)
+def test_what_cannot_run_is_refused_with_a_reason(spec: dict[str, Any], text: str) -> None:
+    with pytest.raises(InvalidSpecError, match=text):
+        plan.understand(body(spec))
+
+
+def test_ages_count_back_from_the_creation_and_only_what_was_archived_before_the_start_is_taken() -> None:
+    replay = plan.understand(body({"filter": {"olderThanSeconds": 60, "newerThanSeconds": 3600}}))
+    selection = replay.selection(started_at=NOW)
+    assert selection.matches(archived(at=CREATED_AT - 600))
+    assert not selection.matches(archived(at=CREATED_AT - 30)), "younger than olderThanSeconds at creation"
+    assert not selection.matches(archived(at=CREATED_AT - 7200)), "older than newerThanSeconds at creation"
+    unfiltered = plan.understand(body()).selection(started_at=NOW)
+    assert unfiltered.matches(archived(at=NOW - 1))
+    assert not unfiltered.matches(archived(at=NOW)), "archived again once the replay started"
+
+
+@pytest.mark.parametrize(("limit", "matched", "target"), [(None, 300, 300), (100, 300, 100), (500, 300, 300)])
+def test_target(limit: int | None, matched: int, target: int) -> None:
+    spec = {} if limit is None else {"limit": limit}
+    assert plan.understand(body(spec)).target(matched) == target
+
+
+def test_a_resumed_replay_counts_what_is_no_longer_archived() -> None:
+    assert plan.done_before(matched=5000, still_selected=3571) == 1429
+    assert plan.done_before(matched=10, still_selected=12) == 0, "never negative"
+
+
+def test_the_start_is_read_back_from_status_only_when_complete() -> None:
+    status = {"startTime": plan.timestamp(NOW), "archived": 10, "matched": 4, "serviceName": "billing"}
+    began = plan.started({**status, "observedGeneration": 1})
+    assert began == plan.Started(NOW, 10, 4, "billing", 1, None)
+    assert plan.started({**status, "matched": None}) is None
+    assert plan.started({}) is None
+    assert plan.spec_changed(2, began)
+    assert not plan.spec_changed(1, began)
+
+
+def test_start_time_is_a_whole_second() -> None:
+    assert plan.start_time(NOW + 0.9) == NOW
+    assert plan.parse_time(plan.timestamp(plan.start_time(NOW + 0.9))) == NOW
+
+
+@pytest.mark.parametrize(
+    ("conditions", "finished"),
+    [
+        pytest.param([], False, id="new"),
+        pytest.param([{"type": "Succeeded", "status": "Unknown"}], False, id="running-or-waiting"),
+        pytest.param([{"type": "Succeeded", "status": "True"}], True, id="succeeded"),
+        pytest.param([{"type": "Succeeded", "status": "False"}], True, id="failed"),
+    ],
+)
+def test_finished(conditions: list[dict[str, Any]], finished: bool) -> None:
+    assert plan.finished({"conditions": conditions}) is finished
+
+
+def test_status_shows_names_and_ids_never_arguments() -> None:
+    view = plan.message_view(archived())
+    assert view == {
+        "event": "e",
+        "taskId": "t-1",
+        "exception": "TypeError: x",
+        "archivedAt": plan.timestamp(CREATED_AT - 600),
+    }
+    assert "4111" not in str(view)
+    assert plan.message_view(None) is None
+
+
+def test_a_run_from_start_to_end() -> None:
+    replay = plan.understand(body({"filter": {"events": ["e"]}, "limit": 250, "ratePerSecond": 50}))
+    start = plan.begun([], replay, service_name="billing", started_at=NOW, archived=1000, matched=300)
+    assert start.status_patch | {"conditions": None} == {
+        "observedGeneration": 1,
+        "serviceName": "billing",
+        "startTime": plan.timestamp(NOW),
+        "archived": 1000,
+        "matched": 300,
+        "replayed": 0,
+        "skipped": 0,
+        "remaining": 250,
+        "conditions": None,
+    }
+    [running] = start.status_patch["conditions"]
+    assert (running["type"], running["status"], running["reason"]) == ("Succeeded", "Unknown", "Running")
+    [started] = start.events
+    assert (started.type, started.reason) == ("Normal", "Started")
+    assert "300 of 1000 archived events selected (events e; at most 250; 50/s), 250 to take" in started.message
+
+    counters = plan.progressed(replay, matched=300, done=100, unroutable=2, first={"event": "e"}, last={"event": "e"})
+    assert (counters["replayed"], counters["skipped"], counters["remaining"]) == (100, 2, 148)
+
+    end = plan.ended(
+        start.status_patch["conditions"],
+        replay,
+        service_name="billing",
+        archived=1000,
+        matched=300,
+        done=250,
+        last={"event": "e"},
+        now=NOW + 5,
+    )
+    [condition] = end.status_patch["conditions"]
+    assert (condition["status"], condition["reason"]) == ("True", "Replayed")
+    assert (end.status_patch["replayed"], end.status_patch["skipped"], end.status_patch["remaining"]) == (250, 50, 0)
+    assert end.status_patch["completionTime"] == plan.timestamp(NOW + 5)
+    assert condition["message"] == (
+        "250 of 300 selected archived events of billing sent back to its handler queues; 50 skipped (beyond the "
+        "limit, or no queue takes them) stay archived; 700 other archived events were not selected"
+    )
+    assert [(note.type, note.reason) for note in end.events] == [("Normal", "Replayed")]
+
+
+def test_a_purge_counts_purged() -> None:
+    replay = plan.understand(body({"action": "purge", "confirm": True}))
+    start = plan.begun([], replay, service_name="billing", started_at=NOW, archived=10, matched=10)
+    assert start.status_patch["purged"] == 0
+    assert "replayed" not in start.status_patch
+    end = plan.ended([], replay, service_name="billing", archived=10, matched=10, done=10, last=None, now=NOW)
+    assert end.status_patch["conditions"][0]["reason"] == "Purged"
+    assert "purged from the archive" in end.status_patch["conditions"][0]["message"]
+
+
+def test_a_dry_run_lists_what_would_go_bounded() -> None:
+    replay = plan.understand(body({"dryRun": True, "action": "purge"}))
+    sample = [archived(task_id=f"t-{n}") for n in range(3)]
+    end = plan.dry_run_ended([], replay, service_name="billing", matched=40, preview=sample, now=NOW)
+    assert [item["taskId"] for item in end.status_patch["preview"]] == ["t-0", "t-1", "t-2"]
+    [condition] = end.status_patch["conditions"]
+    assert (condition["status"], condition["reason"]) == ("True", "DryRun")
+    assert condition["message"].startswith("would purge 40 of 40 selected archived events of billing; nothing was")
+
+
+def test_waiting_keeps_its_transition_time_and_follows_the_spec_only_before_the_start() -> None:
+    replay = plan.understand(body())
+    first = plan.waiting([], replay, plan.SERVICE_NOT_READY, "not Ready", began=None, now=NOW)
+    later = plan.waiting(
+        first.status_patch["conditions"], replay, plan.WAITING_FOR_REPLAY, "b goes first", began=None, now=NOW + 30
+    )
+    assert later.status_patch["conditions"][0]["lastTransitionTime"] == plan.timestamp(NOW), "still Unknown"
+    assert later.status_patch["observedGeneration"] == 1
+    assert later.events == (), "waiting posts no Event"
+    began = plan.Started(NOW, 1, 1, "billing", 1, None)
+    resumed = plan.waiting([], replay, plan.BROKER_UNAVAILABLE, "down", began=began, now=NOW)
+    assert "observedGeneration" not in resumed.status_patch, "the generation it started with stays"
+
+
+def test_refused_and_failed_end_with_one_warning() -> None:
+    refused = plan.refused([], body({"action": "purge"}), InvalidSpecError("invalid spec: x"), now=NOW)
+    [condition] = refused.status_patch["conditions"]
+    assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec")
+    assert condition["message"] == "invalid spec: x; nothing was touched"
+    assert [(note.type, note.reason) for note in refused.events] == [("Warning", "InvalidSpec")]
+    many = InvalidSpecError("; ".join(f"filter.taskIds.{n}: too long" for n in range(1000)))
+    bounded = plan.refused([], body(), many, now=NOW)
+    assert len(bounded.status_patch["conditions"][0]["message"]) < 1000, "a thousand problems, a bounded message"
+    assert len(bounded.events[0].message) < 1000
+    failed = plan.failed([], 2, "SpecChanged", "changed", now=NOW)
+    assert failed.status_patch["completionTime"] == plan.timestamp(NOW)
+    assert [(note.type, note.reason) for note in failed.events] == [("Warning", "SpecChanged")]
+
+
+def test_one_running_replay_per_service_the_oldest_waiting_first() -> None:
+    slots = ReplaySlots()
+    billing, shipping = ("shop", "billing"), ("shop", "shipping")
+    slots.wait(billing, "later", 20.0)
+    slots.wait(billing, "earlier", 10.0)
+    slots.wait(shipping, "other", 30.0)
+    assert slots.take(billing, "later") == "earlier", "the oldest goes first"
+    assert slots.take(billing, "earlier") is None
+    assert slots.take(billing, "later") == "earlier", "running"
+    assert slots.take(billing, "earlier") is None, "the holder may take it again"
+    assert slots.take(shipping, "other") is None, "another service's replay runs meanwhile"
+    slots.leave(billing, "earlier")
+    assert slots.take(billing, "later") is None
+    slots.release(billing, "later")
+    slots.leave(billing, "later")
+    slots.leave(shipping, "other")
+    assert slots._running == {}, "nothing kept for replays that went"
+    assert slots._waiting == {}
