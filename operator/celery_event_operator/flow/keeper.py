@@ -83,6 +83,7 @@ class ServiceKeeper:
         self._swept_at = time.monotonic()
         self._refreshed_at: float | None = None  # the last status pass
         self.resync_requested = asyncio.Event()
+        self._deleting = False  # the resource is being deleted: its entities are removed, nothing is declared
         self._by_generation = specs.GenerationCache[specs.Understood | InvalidSpecError](1)
 
     # --- the two passes ---------------------------------------------------------------------
@@ -90,7 +91,8 @@ class ServiceKeeper:
     async def reconcile(self, body: Mapping[str, Any], pods: PodsOf, annotate: Annotate | None = None) -> None:
         """Validate, declare the topology, configure the workers, keep the consumer: conditions and Events."""
         async with self.lock:
-            await self._reconcile(body, pods, annotate)
+            if not self._deleting:
+                await self._reconcile(body, pods, annotate)
 
     async def _reconcile(self, body: Mapping[str, Any], pods: PodsOf, annotate: Annotate | None) -> None:
         accepted, changed = specs.immutable_changes(body)
@@ -133,7 +135,7 @@ class ServiceKeeper:
         async with self.lock:
             found = self._understood(body)
             broker = self._broker
-            if isinstance(found, InvalidSpecError) or broker is None:
+            if isinstance(found, InvalidSpecError) or broker is None or self._deleting:
                 return  # the reconcile reports why
             queues, scaling = await self._count(found, broker, pods)
             lifecycle = await self._lifecycle(found, broker, pods, queues)
@@ -206,7 +208,13 @@ class ServiceKeeper:
             self.context.brokers.forget_secret(self.namespace, ref["name"])
 
     async def delete_entities(self, body: Mapping[str, Any]) -> DeclareOutcome | None:
-        """`deletionPolicy: delete`: the service's empty queues and exchanges removed (None: never acted on)."""
+        """`deletionPolicy: delete`: the service's empty queues and exchanges removed (None: never acted on).
+        After the pass in hand (under the lock), no other pass runs: a resync must not declare them again."""
+        async with self.lock:
+            self._deleting = True
+            return await self._delete_entities(body)
+
+    async def _delete_entities(self, body: Mapping[str, Any]) -> DeclareOutcome | None:
         found = self._understood(body)
         if isinstance(found, InvalidSpecError):
             return None
