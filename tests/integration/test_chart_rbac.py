@@ -28,7 +28,7 @@ import yaml
 
 from celery_event_devcluster import jsonpatch, owner_references
 from celery_event_devcluster.rbac import Identity
-from celery_event_operator.injection import settings as injection_settings
+from celery_event_operator.api import metadata
 from celery_event_operator.kubeapi import API_CALLS
 from tests.conftest import REPO, billing_sample
 from tests.integration.injection.test_webhook import worker_pod
@@ -39,8 +39,8 @@ from tests.support.kube import ApiError, EmulatedApi, KubeClient, eventually
 from tests.support.operator_process import admission_review
 from tests.support.waiting import stays
 
-HASH = injection_settings.HASH_ANNOTATION
-LABELS = {injection_settings.SERVICE_LABEL: "billing"}
+HASH = metadata.HASH_ANNOTATION
+LABELS = {metadata.SERVICE_LABEL: "billing"}
 RBAC_KINDS = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings"}
 NAMESPACED_RBAC_KINDS = {"Role": "roles", "RoleBinding": "rolebindings"}
 VARIANTS = [
