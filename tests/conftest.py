@@ -60,6 +60,13 @@ def test_vhost_url(amqp_url: str, test_vhost: str) -> str:
     return rabbitmq.url_with_vhost(amqp_url, test_vhost)
 
 
+@pytest.fixture(params=["classic", "quorum"])
+def queue_type(request: pytest.FixtureRequest) -> str:
+    """Every real-worker scenario runs for both queue types."""
+    found: str = request.param
+    return found
+
+
 def billing_sample() -> dict[str, Any]:
     """A fresh copy of the README's sample service, for a test to adjust."""
     sample: dict[str, Any] = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())

@@ -38,13 +38,6 @@ MAX_RETRIES = 3
 DELIVERY_LIMIT = 3  # quorum: deliveries of a message whose worker process dies on it, before the archive
 
 
-@pytest.fixture(params=["classic", "quorum"])
-def queue_type(request: pytest.FixtureRequest) -> str:
-    """Every real-worker scenario runs for both queue types."""
-    found: str = request.param
-    return found
-
-
 @pytest.fixture
 def injected_env(
     kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path, queue_type: str

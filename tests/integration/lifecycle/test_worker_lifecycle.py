@@ -113,12 +113,6 @@ def events_of(api: EmulatedApi, reason: str) -> list[str]:
     ]
 
 
-@pytest.fixture(params=["classic", "quorum"])
-def queue_type(request: pytest.FixtureRequest) -> str:
-    found: str = request.param
-    return found
-
-
 @pytest.fixture
 def fleet(
     kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path, request: pytest.FixtureRequest
