@@ -3,14 +3,19 @@ service's handler queues for longer than a threshold while messages wait, or whe
 than the threshold while it is Running.
 
 Judged only on what is known: heartbeats only while the service's events are consumed (and the threshold counts
-from when they were consumed again, so a broker outage or an operator restart makes no pod look silent), consumers
-only when the broker listed them. A pod is given the threshold from when it was first seen Running.
+from when they were consumed again, plus the time a worker takes to reconnect, so a broker outage or an operator
+restart makes no pod look silent), consumers only when the broker listed them. A pod is given the threshold from
+when it was first seen Running.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+
+# After the service's events are consumed again (a broker outage, an operator restart), its workers may still be
+# reconnecting: Celery retries its broker connection every 2, 4, … up to 30 s.
+RECONNECT_SECONDS = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +55,9 @@ def judge(
     heard_since = memory.heard_since = memory.heard_since if memory.heard_since is not None else now
     stuck = []
     for pod in names:
-        silent_since = max(memory.running_since[pod], heard_since, last_heard.get(pod, -float("inf")))
+        silent_since = max(
+            memory.running_since[pod], heard_since + RECONNECT_SECONDS, last_heard.get(pod, -float("inf"))
+        )
         if now - silent_since > threshold:
             memory.unconsumed_since.pop(pod, None)
             stuck.append(StuckWorker(pod, f"no heartbeat for {now - silent_since:.0f} s while Running"))

@@ -20,6 +20,7 @@ import pytest
 
 from celery_event_operator import naming
 from celery_event_operator.api import metadata
+from celery_event_operator.lifecycle.stuck import RECONNECT_SECONDS
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_healing import admitted_with_settings
 from tests.support.kube import EmulatedApi, condition, eventually
@@ -212,7 +213,8 @@ def test_a_worker_stopped_with_sigstop_is_reported_and_replaced(fleet: Fleet, te
         lambda: (
             condition(fleet.api, "WorkersHealthy").get("status") == "False" and condition(fleet.api, "WorkersHealthy")
         ),
-        timeout=STUCK_AFTER_SECONDS + 3 * STATUS_INTERVAL_SECONDS + 10,
+        # Silence counts once the workers had the time to reconnect after the events were first consumed.
+        timeout=RECONNECT_SECONDS + STUCK_AFTER_SECONDS + 3 * STATUS_INTERVAL_SECONDS + 10,
         message="the silent worker was not reported",
     )
     assert "billing-worker-a: no heartbeat for" in stuck["message"]

@@ -186,11 +186,11 @@ async def test_a_silent_running_pod_and_one_without_consumer_are_found_stuck() -
     metrics = ServiceMetrics("shop", "billing")
     pods = [WorkerPod("silent", "h1", running=True), WorkerPod("idle", "h1", running=True), WorkerPod("new", "h1")]
     broker.consumer_answer = (Consumer("billing.order", "127.0.0.1", "celeryevents.io/pod=shop/other"),)
-    for now in (0.0, 20.0, 40.0):
+    for now in (0.0, 20.0, 40.0, 70.0):  # silence counts once workers had the time to reconnect (30 s)
         metrics.last_heard["idle"] = now
         seen = await lifecycle(cluster, broker, pods, metrics, memory, now)
     assert seen.judged == 2, "a pod not Running is not judged"
     assert [(worker.pod, worker.why) for worker in seen.stuck] == [
         ("silent", "no heartbeat for 40 s while Running"),
-        ("idle", "heartbeats but consumes from no handler queue for 40 s while 60 messages wait"),
+        ("idle", "heartbeats but consumes from no handler queue for 70 s while 60 messages wait"),
     ]

@@ -123,8 +123,8 @@ def test_a_worker_that_heartbeats_but_consumes_nothing_while_messages_wait_is_st
 def test_a_worker_whose_heartbeats_stop_while_running_is_stuck_after_the_threshold() -> None:
     memory = StuckMemory()
     assert judged(memory, 0.0) == []
-    assert judged(memory, 25.0, last_heard={"a": 25.0, "b": 5.0}) == []
-    assert judged(memory, 40.0, last_heard={"a": 40.0, "b": 5.0}) == ["b: no heartbeat for 35 s while Running"]
+    assert judged(memory, 55.0, last_heard={"a": 55.0, "b": 35.0}) == []
+    assert judged(memory, 70.0, last_heard={"a": 70.0, "b": 35.0}) == ["b: no heartbeat for 35 s while Running"]
 
 
 def test_silence_is_counted_only_while_heartbeats_are_known_and_from_when_they_were_known_again() -> None:
@@ -132,7 +132,8 @@ def test_silence_is_counted_only_while_heartbeats_are_known_and_from_when_they_w
     assert judged(memory, 0.0, last_heard={}) == []
     assert judged(memory, 100.0, last_heard={}, heartbeats_known=False) == [], "the events consumer is down"
     assert judged(memory, 110.0, last_heard={}) == [], "known again: a fresh window"
-    assert judged(memory, 141.0, last_heard={"a": 141.0}) == ["b: no heartbeat for 31 s while Running"]
+    assert judged(memory, 165.0, last_heard={"a": 165.0}) == [], "workers reconnect with their own backoff"
+    assert judged(memory, 171.0, last_heard={"a": 171.0}) == ["b: no heartbeat for 31 s while Running"]
 
 
 def test_a_new_pod_gets_the_threshold_from_when_it_was_first_seen_running() -> None:
