@@ -51,11 +51,16 @@ VARIANTS = [
 ]
 
 
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
 def install(api: EmulatedApi, documents: list[dict[str, Any]], crd_installed: dict[str, Any]) -> None:
-    """What `helm install` creates that the API serves: the other CRDs, and the RBAC objects."""
+    """What `helm install` creates that the API serves: the CRDs not installed yet (kopf's peerings), and the RBAC
+    objects."""
+    served = {item["metadata"]["name"] for item in api.client.get(CRDS)["items"]}
     for definition in of_kind(documents, "CustomResourceDefinition"):
-        if definition["metadata"]["name"] != crd_installed["metadata"]["name"]:
-            api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition)
+        if definition["metadata"]["name"] not in served:
+            api.client.create(CRDS, definition)
     for document in documents:
         base = "/apis/rbac.authorization.k8s.io/v1"
         if document["kind"] in RBAC_KINDS:
