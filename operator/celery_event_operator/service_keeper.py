@@ -32,6 +32,8 @@ from celery_event_operator.injection import workers as injection
 from celery_event_operator.injection.catalog import InjectionCatalog
 from celery_event_operator.injection.outcome import Outcome as WorkersOutcome
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
+from celery_event_operator.monitoring import report
+from celery_event_operator.monitoring.bounds import SeriesSettings
 from celery_event_operator.monitoring.collector import MetricsRegistry, serve_metrics
 from celery_event_operator.monitoring.events_connection import Subscription
 from celery_event_operator.naming import event_exchange_name, handler_queue_name, monitor_queue_name
@@ -78,7 +80,11 @@ class Context:
             kube=kube,
             secrets=SecretReader(kube),
             brokers=Brokers(),
-            metrics=MetricsRegistry(options.runtime_buckets, options.queue_wait_buckets),
+            metrics=MetricsRegistry(
+                options.runtime_buckets,
+                options.queue_wait_buckets,
+                SeriesSettings(options.per_pod_task_series, options.max_task_names),
+            ),
             injections=InjectionCatalog(kube),
         )
         if options.metrics_port:
@@ -97,6 +103,7 @@ class Context:
                 logging.getLogger(__name__).warning("%s", exc)
 
     async def close(self) -> None:
+        await self.metrics.close()
         await self.brokers.close_all()
         self.kube.close()
 
@@ -253,6 +260,7 @@ class ServiceKeeper:
             scale_max_age=SCALE_READ_RESYNCS * self.context.options.resync_seconds,
             running=len(pods(validated.service_name)),
         )
+        notes = result.events
         metrics = self.context.metrics.find(self.namespace, validated.service_name)
         if metrics is not None:
             if result.depths is not None:  # celery_queue_length & co.
@@ -261,6 +269,9 @@ class ServiceKeeper:
             metrics.replicas = result.status.get("replicas")
             # the autoscaler's or spec's wish, else what the workload itself asks for
             metrics.desired_replicas = result.status.get("desiredReplicas", self._scaler.scale)
+            metrics.live_pods = lambda: (name for name, _ in pods(validated.service_name))  # hostnames kept
+            metrics.overflow_reported, overflow = report.overflow_note(metrics.overflow_reported, metrics.overflowing())
+            notes += (overflow,) if overflow is not None else ()
             now = time.monotonic()
             if now - self._swept_at >= SWEEP_SECONDS:
                 self._swept_at = now
@@ -269,7 +280,7 @@ class ServiceKeeper:
                     self._logger.info("series of workers no longer seen removed: %s", ", ".join(gone))
         self.context.metrics.status_refreshed(self.namespace, self.name, validated.spec.status_interval_seconds)
         self._refreshed_at = time.monotonic()
-        return dict(result.status), result.events
+        return dict(result.status), notes
 
     # --- the daemon's loop ------------------------------------------------------------------
 
@@ -385,7 +396,10 @@ class ServiceKeeper:
                 self._subscription = None
                 self.context.metrics.remove(self.namespace, service)
             return
-        metrics = self.context.metrics.service(self.namespace, service)
+        monitoring = validated.spec.monitoring
+        metrics = self.context.metrics.service(
+            self.namespace, service, monitoring.per_pod_task_series, monitoring.max_task_names
+        )
         # queue_name of the handlers' task events (none of which says the queue it was consumed from)
         metrics.handler_queues = {h.name: handler_queue_name(service, h.name) for h in validated.spec.events.handlers}
         queue = monitor_queue_name(service)

@@ -88,6 +88,8 @@ def _inline(node: Any, definitions: dict[str, Any]) -> Any:
             result[key] = {name: _inline(prop, definitions) for name, prop in value.items()}
         elif key in ("items",):
             result[key] = _inline(value, definitions)
+        elif key == "default":
+            result[key] = _without_nulls(value)
         else:
             result[key] = copy.deepcopy(value)
     if "enum" in result and "type" not in result:
@@ -95,6 +97,13 @@ def _inline(node: Any, definitions: dict[str, Any]) -> Any:
     if "properties" in result:
         result.setdefault("type", "object")
     return result
+
+
+def _without_nulls(value: Any) -> Any:
+    """A default as the API server may apply it: an object's unset optional fields absent, not null."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    return copy.deepcopy(value)
 
 
 def _schema_of(model: type[models.Model]) -> dict[str, Any]:
