@@ -108,7 +108,7 @@ class MetricsRegistry:
             plain: list[Sequence[bytes]] = []
             deflated: list[Sequence[bytes]] = []
             for metrics, block in services:
-                if block.version != metrics.version:
+                if block.stale(metrics):
                     await pacer.run(block.render(metrics))
                 if gzip and block.deflated is None:
                     await pacer.run(block.deflate())

@@ -128,6 +128,7 @@ STATUS_PASS = Family(
 OPERATOR_FAMILIES = (RECONCILES, STATUS_PASS)
 FAMILIES = (*SERVICE_FAMILIES, *OPERATOR_FAMILIES)
 _INDEX = {family: index for index, family in enumerate(SERVICE_FAMILIES)}
+TASK_FAMILIES = len(TASK_COUNTERS) + 2  # the counters and the two histograms come first
 _COUNTER_INDEX = {kind: _INDEX[family] for kind, family in zip(TASK_EVENT_KINDS, TASK_COUNTERS, strict=True)}
 
 # gzip (RFC 1952): the header of a member without name or time, the final empty deflate block, the trailer.
@@ -183,22 +184,64 @@ def deflating(data: bytes, into: list[bytes]) -> Rendering:
 
 
 class ServiceBlock:
-    """One service's fragments, one per family of SERVICE_FAMILIES, as of `version` (None: never rendered),
-    and the label text of each task series (kept while the series lives: rendering reuses it)."""
+    """One service's fragments, one per family of SERVICE_FAMILIES, and their deflate pieces once a gzip scrape
+    asked for them. The task families (the bulk: counters and histograms) are rendered again only when a task
+    event or a removal changed them, the rest (a few lines) whenever anything changed: a service that only
+    heartbeats costs a scrape a few lines. The label text of each task series is kept while the series lives."""
 
     def __init__(self, namespace: str, service: str) -> None:
         self.service_labels = f'namespace="{escape(namespace)}",service_name="{escape(service)}"'
-        self.version: tuple[int, ...] | None = None
-        self.plain: tuple[bytes, ...] = ()
-        self.deflated: tuple[bytes, ...] | None = None
+        self._versions: tuple[int, ...] | None = None  # the service's version and task version rendered
+        self._tasks: tuple[bytes, ...] = ()
+        self._rest: tuple[bytes, ...] = ()
+        self._tasks_deflated: tuple[bytes, ...] | None = None
+        self._rest_deflated: tuple[bytes, ...] | None = None
         self._bodies: dict[HistogramKey, str] = {}
 
+    @property
+    def plain(self) -> tuple[bytes, ...]:
+        return self._tasks + self._rest
+
+    @property
+    def deflated(self) -> tuple[bytes, ...] | None:
+        if self._tasks_deflated is None or self._rest_deflated is None:
+            return None
+        return self._tasks_deflated + self._rest_deflated
+
+    def stale(self, metrics: ServiceMetrics) -> bool:
+        return self._versions != (*metrics.version, metrics.task_changes)
+
     def render(self, metrics: ServiceMetrics) -> Rendering:
-        """Render every family of the service (`plain`), yielding every SLICE_SERIES series."""
-        version = metrics.version
-        lines: list[list[str]] = [[] for _ in SERVICE_FAMILIES]
+        """Render what changed (`plain`), yielding every SLICE_SERIES series."""
+        versions = (*metrics.version, metrics.task_changes)
+        if self._versions is None or self._versions[-1] != metrics.task_changes:
+            lines: list[list[str]] = [[] for _ in range(TASK_FAMILIES)]
+            yield from self._render_tasks(metrics, lines)
+            self._tasks = tuple("".join(family_lines).encode() for family_lines in lines)
+            self._tasks_deflated = None
+        self._rest = tuple("".join(family_lines).encode() for family_lines in self._rest_lines(metrics))
+        self._rest_deflated = None
+        self._versions = versions
+
+    def deflate(self) -> Rendering:
+        """`deflated`: each fragment of `plain` compressed (what is not yet), yielding every SLICE_BYTES."""
+        for part in ("_tasks", "_rest"):
+            if getattr(self, f"{part}_deflated") is None:
+                pieces: list[bytes] = []
+                for fragment in getattr(self, part):
+                    if fragment:
+                        yield from deflating(fragment, pieces)
+                    else:
+                        pieces.append(b"")
+                setattr(self, f"{part}_deflated", tuple(pieces))
+
+    def _render_tasks(self, metrics: ServiceMetrics, lines: list[list[str]]) -> Rendering:
         previous, bodies = self._bodies, dict[HistogramKey, str]()
-        for number_, ((kind, task, worker, queue, exception), count) in enumerate(list(metrics.counters.items())):
+        counters = metrics.counters
+        # The keys and counts listed apart: two lists, not a tuple per series (the renderer yields meanwhile).
+        for number_, ((kind, task, worker, queue, exception), count) in enumerate(
+            zip(list(counters), list(counters.values()), strict=True)
+        ):
             series = (task, worker, queue)
             body = bodies.get(series) or previous.get(series) or self._body(series)
             bodies[series] = body
@@ -213,20 +256,27 @@ class ServiceBlock:
         for family, histogram in ((RUNTIME, metrics.runtime), (QUEUE_WAIT, metrics.queue_wait)):
             yield from self._histogram(lines[_INDEX[family]], family.name, histogram, previous, bodies)
         self._bodies = bodies
+
+    def _rest_lines(self, metrics: ServiceMetrics) -> list[list[str]]:
+        lines: list[list[str]] = [[] for _ in range(len(SERVICE_FAMILIES) - TASK_FAMILIES)]
+
+        def of(family: Family) -> list[str]:
+            return lines[_INDEX[family] - TASK_FAMILIES]
+
         service = self.service_labels
         for family, per_worker in ((WORKER_UP, metrics.worker_up), (WORKER_ACTIVE, metrics.worker_active)):
-            lines[_INDEX[family]] += [
+            of(family).extend(
                 f'{family.name}{{{service},hostname="{escape(worker)}"}} {value}\n'
-                for worker, value in list(per_worker.items())
-            ]
+                for worker, value in per_worker.items()
+            )
         for (queue, role), waiting in metrics.queue_length.items():
             if role in QUEUE_LENGTHS:
                 family = QUEUE_LENGTHS[role]
-                lines[_INDEX[family]].append(f'{family.name}{{{service},queue_name="{escape(queue)}"}} {waiting}\n')
-        lines[_INDEX[CONSUMERS]] += [
+                of(family).append(f'{family.name}{{{service},queue_name="{escape(queue)}"}} {waiting}\n')
+        of(CONSUMERS).extend(
             f'{CONSUMERS.name}{{{service},queue_name="{escape(queue)}"}} {count}\n'
             for queue, count in metrics.queue_consumers.items()
-        ]
+        )
         for family, value in (
             (REPLICAS, metrics.replicas),
             (DESIRED_REPLICAS, metrics.desired_replicas),
@@ -237,25 +287,13 @@ class ServiceBlock:
             (TASKS_FORGOTTEN, metrics.tasks_forgotten),
         ):
             if value is not None:
-                lines[_INDEX[family]].append(f"{family.name}{{{service}}} {value}\n")
+                of(family).append(f"{family.name}{{{service}}} {value}\n")
         overflows = metrics.overflows
-        lines[_INDEX[OVERFLOWED]] += [  # at 0 too: a rate sees the first overflow
+        of(OVERFLOWED).extend(  # at 0 too: a rate sees the first overflow
             f'{OVERFLOWED.name}{{{service},label="{label}"}} {overflows[label].events if label in overflows else 0}\n'
             for label in LABELS
-        ]
-        self.plain = tuple("".join(family_lines).encode() for family_lines in lines)
-        self.deflated = None
-        self.version = version
-
-    def deflate(self) -> Rendering:
-        """`deflated`: each fragment of `plain` compressed, yielding every SLICE_BYTES."""
-        pieces: list[bytes] = []
-        for fragment in self.plain:
-            if fragment:
-                yield from deflating(fragment, pieces)
-            else:
-                pieces.append(b"")
-        self.deflated = tuple(pieces)
+        )
+        return lines
 
     def _body(self, series: HistogramKey) -> str:
         """`namespace=…,service_name=…,name=…,queue_name=…[,hostname=…]`: the labels of a task series."""
@@ -273,7 +311,9 @@ class ServiceBlock:
     ) -> Rendering:
         suffixes = [f',le="{bound_label(bound)}"}} ' for bound in (*histogram.bounds, math.inf)]
         bucket, sums = f"{name}_bucket{{", histogram.sums
-        for number_, (series, counts) in enumerate(list(histogram.counts.items())):
+        for number_, (series, counts) in enumerate(
+            zip(list(histogram.counts), list(histogram.counts.values()), strict=True)
+        ):
             body = bodies.get(series) or previous.get(series) or self._body(series)
             bodies[series] = body
             cumulative = list(itertools.accumulate(counts))

@@ -29,7 +29,7 @@ def overflow_note(
 def _described(label: str, refused: int, kept: int) -> str:
     seen = refused + kept
     if label == "name":
-        return f"about {seen:,} task names seen, {kept:,} kept (spec.monitoring.maxTaskNames)"
+        return f"about {seen:,} task names seen, {kept:,} kept (spec.monitoring.maxTaskNames, else --max-task-names)"
     if label == "exception":
         return f"about {seen:,} exception classes seen, {kept:,} kept (at most {MAX_EXCEPTIONS_PER_TASK} per task)"
     if label == "queue_name":

@@ -179,6 +179,7 @@ class ServiceMetrics:
         # The live pods of the service (a view of the operator's index), read when a hostname is new.
         self.live_pods: Callable[[], Iterable[str]] | None = None
         self.changes = 0  # counts changes made off the event path (the event path counts events)
+        self.task_changes = 0  # counts changes of the task series (every task event, every removal)
         self._handler_queues: dict[str, str] = {}
         self._handler_queue_names: frozenset[str] = frozenset()
         self._queue_length: dict[tuple[str, str], int] = {}  # (queue, role) → messages
@@ -221,6 +222,7 @@ class ServiceMetrics:
         self.overflows.clear()
         self.overflow_reported = frozenset()
         self.changes += 1
+        self.task_changes += 1
 
     @property
     def handler_queues(self) -> dict[str, str]:
@@ -353,6 +355,7 @@ class ServiceMetrics:
         if kind not in TASK_EVENT_KINDS:
             self.dropped += 1
             return
+        self.task_changes += 1
         per_pod = self.settings.per_pod
         if kind == "sent":
             worker = GENERIC_WORKER if per_pod else SERVICE_WIDE
@@ -563,6 +566,7 @@ class ServiceMetrics:
         """Every series of the worker, at once; its late events are ignored for a while (per-pod task series
         included; the service's task series still count the tasks it ran)."""
         for series, key in self._series_of.pop(worker, ()):
+            self.task_changes += 1
             if series == "counter":
                 self.counters.pop(key, None)
             elif series == "runtime":

@@ -71,18 +71,31 @@ def test_the_exposition_parses_each_family_once_and_gzip_is_the_same_text() -> N
     assert plain.decode().count("# TYPE") == len(exposition.FAMILIES)
 
 
-def test_a_block_is_rendered_again_only_when_its_service_changed() -> None:
+def test_a_block_is_rendered_again_only_when_its_service_changed_and_its_task_part_only_after_task_events() -> None:
     registry = busy_registry()
     scrape(registry, compressed=True)
     blocks = {metrics.service: block for metrics, block in registry._services.values()}
-    before = {service: (block.plain, block.deflated) for service, block in blocks.items()}
+
+    def same(service: str, before: tuple[bytes, ...], families: slice) -> bool:
+        return all(a is b for a, b in zip(blocks[service].plain[families], before[families], strict=True))
+
+    before = {service: block.plain for service, block in blocks.items()}
+    deflated = {service: block.deflated for service, block in blocks.items()}
     scrape(registry, compressed=True)
-    assert all(before[s][0] is blocks[s].plain and before[s][1] is blocks[s].deflated for s in blocks), "reused"
-    registry.find("shop", "billing").ingest(event("worker-heartbeat", "pod-0", active=3), 2.0)  # type: ignore[union-attr]
+    assert all(same(service, before[service], slice(None)) for service in blocks), "nothing rendered again"
+    assert all(blocks[s].deflated == deflated[s] for s in blocks)
+    billing = registry.find("shop", "billing")
+    assert billing is not None
+    billing.ingest(event("worker-heartbeat", "pod-0", active=3), 2.0)
     plain = scrape(registry)
-    assert blocks["billing"].plain is not before["billing"][0]
-    assert blocks["shipping"].plain is before["shipping"][0]
+    tasks = slice(exposition.TASK_FAMILIES)
+    assert same("billing", before["billing"], tasks), "a heartbeat leaves the task series as rendered"
+    assert not same("billing", before["billing"], slice(None))
+    assert same("shipping", before["shipping"], slice(None))
     assert b'celery_worker_tasks_active{namespace="shop",service_name="billing",hostname="pod-0"} 3\n' in plain
+    billing.ingest(event("task-received", "pod-0", uuid="new", name="reports.build"), 2.0)
+    assert b'name="reports.build",queue_name="celery"} 1\n' in scrape(registry)
+    assert not same("billing", before["billing"], tasks)
 
 
 def test_a_forgotten_pods_series_leave_the_block_and_its_label_text() -> None:
