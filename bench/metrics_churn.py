@@ -4,8 +4,8 @@
 
 Each rollout creates a new set of labelled pods, sends their Celery events (heartbeats and task
 events for three task names, two exception classes), and deletes the previous pods through the API.
-After each rollout it prints the series count, the /metrics size and scrape time, and the operator's
-RSS. Asserts nothing.
+After each rollout it prints the series count (the task series, and the per-pod series of workers), the
+/metrics size and scrape time, and the operator's RSS. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -122,15 +122,18 @@ def main() -> int:
                         with urllib.request.urlopen(operator.metrics_url, timeout=30) as response:
                             body = response.read()
                         scrape = time.perf_counter() - started
-                        series = sum(
-                            1
+                        lines = [
+                            line
                             for line in body.decode().splitlines()
                             if line.startswith("celery_") and 'service_name="billing"' in line
-                        )
+                        ]
+                        tasks = sum(1 for line in lines if line.startswith("celery_task_"))
+                        workers = sum(1 for line in lines if line.startswith("celery_worker_"))
                         size = len(body) / 1024
                         print(
-                            f"rollout {rollout:2d}: {series:5d} series of billing, /metrics {size:6.1f} KiB,"
-                            f" scrape {scrape * 1000:5.1f} ms, operator RSS {rss_mb(operator.process.pid):5.1f} MB"
+                            f"rollout {rollout:2d}: {len(lines):5d} series of billing ({tasks} task series,"
+                            f" {workers} of workers), /metrics {size:6.1f} KiB, scrape {scrape * 1000:5.1f} ms,"
+                            f" operator RSS {rss_mb(operator.process.pid):5.1f} MB"
                         )
             finally:
                 operator.stop()

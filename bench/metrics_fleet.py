@@ -15,7 +15,8 @@ RabbitMQ at $AMQP_URL in a vhost of the bench's (removed afterwards). Printed, i
 - whether every one of the N services has exactly its task series (names, counts);
 - per scrape, after a task event to every service (so every service's block is rendered again: the worst
   case, tasks running everywhere) or a heartbeat to every service (only their few other lines are), and
-  then again with nothing changed, gzip (as Prometheus asks) and plain: bytes and seconds;
+  then again with nothing changed, gzip (as Prometheus asks) and plain: bytes, seconds, and the operator's
+  CPU seconds meanwhile (its own cost, whatever else runs on the machine);
 - during each scrape after a heartbeat round: the longest response of the liveness endpoint, which the
   operator's event loop serves, asked a hundred times a second on a kept-alive connection (the longest
   event-loop stall, give or take one request), and the webhook's p99 and longest response
@@ -242,6 +243,12 @@ class Pingers:
         )
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time of a process so far (user and system), from /proc."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -319,12 +326,16 @@ def scrape_round(
     ]
     publish(url, touch)
     drained(management, vhost)
+    assert operator.process is not None
     with Pingers(operator) as pingers:
+        cpu = cpu_seconds(operator.process.pid)
         body, seconds = get(operator.metrics_url, compressed)
+        cpu = cpu_seconds(operator.process.pid) - cpu
     _, unchanged = get(operator.metrics_url, compressed)
     print(
         f"scrape {number} {'gzip' if compressed else 'plain':5} after {'tasks' if tasks else 'heartbeats':10}:"
-        f" {len(body) / 1e6:6.1f} MB in {seconds:5.2f} s (unchanged: {unchanged:4.2f} s); {pingers.summary()}"
+        f" {len(body) / 1e6:6.1f} MB in {seconds:5.2f} s, operator CPU {cpu:4.2f} s (unchanged: {unchanged:4.2f} s);"
+        f" {pingers.summary()}"
     )
 
 

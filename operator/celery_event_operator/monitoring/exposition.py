@@ -19,7 +19,7 @@ import math
 import struct
 import zlib
 from collections.abc import Generator, Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from celery_event_operator.monitoring.bounds import LABELS
 from celery_event_operator.monitoring.state import (
@@ -165,21 +165,26 @@ def bound_label(bound: float) -> str:
     return text
 
 
+def compressor() -> Any:
+    """A raw deflate compressor (zlib's own type has no public name)."""
+    return zlib.compressobj(COMPRESSION_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+
+
 def deflated(data: bytes) -> bytes:
     """A piece of a deflate stream that any other such piece may follow (a full flush: no shared window)."""
-    compressor = zlib.compressobj(COMPRESSION_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
-    return compressor.compress(data) + compressor.flush(zlib.Z_FULL_FLUSH)
+    compressing = compressor()
+    return bytes(compressing.compress(data) + compressing.flush(zlib.Z_FULL_FLUSH))
 
 
-def deflating(data: bytes, into: list[bytes]) -> Rendering:
-    """`deflated(data)` appended to `into`, yielding every SLICE_BYTES."""
-    compressor = zlib.compressobj(COMPRESSION_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+def deflating(data: bytes, into: list[bytes], compressing: Any) -> Rendering:
+    """`deflated(data)` appended to `into`, yielding every SLICE_BYTES. The compressor may be reused for the next
+    piece (a full flush leaves no state behind), which costs far less than a new one: it allocates its tables."""
     pieces = []
     view = memoryview(data)
     for start in range(0, len(data), SLICE_BYTES):
-        pieces.append(compressor.compress(view[start : start + SLICE_BYTES]))
+        pieces.append(compressing.compress(view[start : start + SLICE_BYTES]))
         yield
-    pieces.append(compressor.flush(zlib.Z_FULL_FLUSH))
+    pieces.append(compressing.flush(zlib.Z_FULL_FLUSH))
     into.append(b"".join(pieces))
 
 
@@ -225,12 +230,13 @@ class ServiceBlock:
 
     def deflate(self) -> Rendering:
         """`deflated`: each fragment of `plain` compressed (what is not yet), yielding every SLICE_BYTES."""
+        compressing = compressor()
         for part in ("_tasks", "_rest"):
             if getattr(self, f"{part}_deflated") is None:
                 pieces: list[bytes] = []
                 for fragment in getattr(self, part):
                     if fragment:
-                        yield from deflating(fragment, pieces)
+                        yield from deflating(fragment, pieces, compressing)
                     else:
                         pieces.append(b"")
                 setattr(self, f"{part}_deflated", tuple(pieces))
