@@ -339,7 +339,9 @@ def test_a_flood_of_task_names_is_bounded_counted_and_reported_once_and_costs_no
             == 2
         )
         assert value(shipping, "celery_task_succeeded_total", name="orders.step1", queue_name="celery") == 4
-        assert not [key for key in shipping if "overflow" in key[0] or "__overflow__" in dict(key[1]).values()]
+        assert not [key for key in shipping if "__overflow__" in dict(key[1]).values()]
+        overflowed = {dict(labels)["label"]: n for (metric, labels), n in shipping.items() if "overflowed" in metric}
+        assert overflowed == {"name": 0, "exception": 0, "queue_name": 0, "hostname": 0}
 
         def reported() -> list[dict[str, Any]]:
             return [
