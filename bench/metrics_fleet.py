@@ -46,12 +46,11 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from tests.support import framed_publisher, rabbitmq
+from tests.support import bench, framed_publisher, rabbitmq
 from tests.support.kube import EmulatedApi
 from tests.support.operator_process import OperatorProcess, admission_review
 
 from celery_event_operator import naming
-from celery_event_operator.api import crd
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 PODS = "/api/v1/namespaces/default/pods"
@@ -243,19 +242,6 @@ class Pingers:
         )
 
 
-def cpu_seconds(pid: int) -> float:
-    """The CPU time of a process so far (user and system), from /proc."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def samples_per_service(text: bytes) -> dict[str, int]:
     counts: dict[str, int] = {}
     for line in text.splitlines():
@@ -328,9 +314,9 @@ def scrape_round(
     drained(management, vhost)
     assert operator.process is not None
     with Pingers(operator) as pingers:
-        cpu = cpu_seconds(operator.process.pid)
+        cpu = bench.cpu_seconds(operator.process.pid)
         body, seconds = get(operator.metrics_url, compressed)
-        cpu = cpu_seconds(operator.process.pid) - cpu
+        cpu = bench.cpu_seconds(operator.process.pid) - cpu
     _, unchanged = get(operator.metrics_url, compressed)
     print(
         f"scrape {number} {'gzip' if compressed else 'plain':5} after {'tasks' if tasks else 'heartbeats':10}:"
@@ -407,13 +393,7 @@ def main() -> int:
         f" {args.generated_names:,} generated task names; operator log: {workdir / 'operator.log'}"
     )
     try:
-        with EmulatedApi(workdir / "kubeconfig") as api:
-            api.client.create(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition()
-            )
-            api.client.create(
-                "/api/v1/namespaces/default/secrets", {"metadata": {"name": "rabbitmq"}, "stringData": {"url": url}}
-            )
+        with bench.emulated_cluster(workdir, url) as api:
             operator = OperatorProcess(
                 api.kubeconfig, workdir / "operator.log", *args.operator_args.split(), resync_seconds=30, verbose=False
             ).start()
@@ -431,7 +411,7 @@ def main() -> int:
                     scrape_round(operator, broker, names, compressed=True, tasks=True, number=number)
                 scrape_round(operator, broker, names, compressed=True, tasks=False, number=args.scrapes + 1)
                 scrape_round(operator, broker, names, compressed=False, tasks=True, number=args.scrapes + 2)
-                print(f"operator RSS:    {rss_mb(operator.process.pid):.0f} MB")
+                print(f"operator RSS:    {bench.rss_mb(operator.process.pid):.0f} MB")
                 print(f"overflow Events: {overflow_events(api)}")
             finally:
                 operator.stop()

@@ -36,12 +36,11 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from tests.support import framed_publisher, rabbitmq
+from tests.support import bench, framed_publisher, rabbitmq
 from tests.support.kube import EmulatedApi
 from tests.support.operator_process import OperatorProcess
 
 from celery_event_operator import naming
-from celery_event_operator.api import crd
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -253,13 +252,7 @@ def main() -> int:
         f" operator log: {workdir / 'operator.log'}"
     )
     try:
-        with EmulatedApi(workdir / "kubeconfig") as api:
-            api.client.create(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition()
-            )
-            api.client.create(
-                "/api/v1/namespaces/default/secrets", {"metadata": {"name": "rabbitmq"}, "stringData": {"url": url}}
-            )
+        with bench.emulated_cluster(workdir, url) as api:
             for index in range(args.services):
                 api.client.create(DEPLOYMENTS, deployment(index))
             operator = OperatorProcess(
