@@ -4,8 +4,8 @@
 
 Each rollout creates a new set of labelled pods, sends their Celery events (heartbeats and task
 events for three task names, two exception classes), and deletes the previous pods through the API.
-After each rollout it prints the series count, the /metrics size and scrape time, and the operator's
-RSS. Asserts nothing.
+After each rollout it prints the series count (the task series, and the per-pod series of workers), the
+/metrics size and scrape time, and the operator's RSS. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import amqp
 from kombu.connection import Connection
-from tests.support import rabbitmq
-from tests.support.kube import EmulatedApi
+from tests.support import bench, rabbitmq
 from tests.support.operator_process import OperatorProcess
-
-from celery_event_operator.api import crd
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 PODS = "/api/v1/namespaces/default/pods"
@@ -58,13 +55,6 @@ def events_of(worker: str, tasks: int) -> list[dict[str, object]]:
     return events
 
 
-def rss_mb(pid: int) -> float:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=20)
@@ -77,13 +67,7 @@ def main() -> int:
     url = rabbitmq.url_with_vhost(amqp_url, vhost)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
     try:
-        with EmulatedApi(workdir / "kubeconfig") as api:
-            api.client.create(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition()
-            )
-            api.client.create(
-                "/api/v1/namespaces/default/secrets", {"metadata": {"name": "rabbitmq"}, "stringData": {"url": url}}
-            )
+        with bench.emulated_cluster(workdir, url) as api:
             operator = OperatorProcess(api.kubeconfig, workdir / "operator.log").start()
             assert operator.process is not None
             try:
@@ -122,15 +106,18 @@ def main() -> int:
                         with urllib.request.urlopen(operator.metrics_url, timeout=30) as response:
                             body = response.read()
                         scrape = time.perf_counter() - started
-                        series = sum(
-                            1
+                        lines = [
+                            line
                             for line in body.decode().splitlines()
                             if line.startswith("celery_") and 'service_name="billing"' in line
-                        )
+                        ]
+                        tasks = sum(1 for line in lines if line.startswith("celery_task_"))
+                        workers = sum(1 for line in lines if line.startswith("celery_worker_"))
                         size = len(body) / 1024
                         print(
-                            f"rollout {rollout:2d}: {series:5d} series of billing, /metrics {size:6.1f} KiB,"
-                            f" scrape {scrape * 1000:5.1f} ms, operator RSS {rss_mb(operator.process.pid):5.1f} MB"
+                            f"rollout {rollout:2d}: {len(lines):5d} series of billing ({tasks} task series,"
+                            f" {workers} of workers), /metrics {size:6.1f} KiB, scrape {scrape * 1000:5.1f} ms,"
+                            f" operator RSS {bench.rss_mb(operator.process.pid):5.1f} MB"
                         )
             finally:
                 operator.stop()

@@ -22,7 +22,6 @@ import os
 import pathlib
 import random
 import resource
-import struct
 import sys
 import threading
 import time
@@ -31,21 +30,18 @@ import uuid
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import amqp
-from amqp import serialization
 from kombu import Consumer, Queue
 from kombu.connection import Connection
-from tests.support import rabbitmq
+from tests.support import framed_publisher, rabbitmq
 
 from celery_event_operator import naming
 from celery_event_operator.broker import address as broker_address
-from celery_event_operator.monitoring import frames
 from celery_event_operator.monitoring.events_connection import EventsConnection
 from celery_event_operator.monitoring.state import ServiceMetrics
 from celery_event_operator.topology import plan
 
 SERVICE = "bench"
 PREFETCH = 5000  # for the kombu consumer (ours consumes without acknowledgement: no prefetch limit applies)
-BASIC_PUBLISH = (60, 40)
 
 
 def stream(count: int) -> list[bytes]:
@@ -112,33 +108,10 @@ def stream(count: int) -> list[bytes]:
     return events[:count]
 
 
-def publish_frames(channel: int, exchange: str, body: bytes) -> bytes:
-    """basic.publish, its content header (content type only) and the body, ready for the socket."""
-    header = struct.pack(">HHQH", 60, 0, len(body), 0x8000) + serialization.dumps("s", ["application/json"])
-    return (
-        frames.method_frame(channel, BASIC_PUBLISH, "Bssbb", (0, exchange, "task.event", False, False))
-        + struct.pack(">BHI", frames.HEADER, channel, len(header))
-        + header
-        + b"\xce"
-        + struct.pack(">BHI", frames.BODY, channel, len(body))
-        + body
-        + b"\xce"
-    )
-
-
 def publish(url: str, count: int, ready: multiprocessing.synchronize.Event) -> None:
-    """A generator at full speed: every publish pre-framed, written to the socket in large chunks (a
-    py-amqp publisher spends more time per message than the consumers under test)."""
-    with Connection(url) as connection:
-        client = connection.connection  # py-amqp's: logs in and opens the channel
-        channel = client.channel()
-        exchange = naming.event_exchange_name(SERVICE)
-        framed = [publish_frames(channel.channel_id, exchange, body) for body in stream(count)]
-        chunks = [b"".join(framed[i : i + 500]) for i in range(0, len(framed), 500)]
-        ready.wait()
-        for chunk in chunks:
-            client.transport.write(chunk)
-    # Closing waits for the broker's close-ok, which comes after every publish before it.
+    """The stream to the service's event exchange, at full speed once `ready` is set."""
+    exchange = naming.event_exchange_name(SERVICE)
+    framed_publisher.publish_all(url, [(exchange, body) for body in stream(count)], ready)
 
 
 def declare(url: str, queue: str) -> None:

@@ -32,7 +32,6 @@ import pathlib
 import re
 import signal
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -41,16 +40,14 @@ from typing import Any
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from kombu.connection import Connection
-from tests.support import rabbitmq
+from tests.support import bench, framed_publisher, rabbitmq
 from tests.support.kube import EmulatedApi
 from tests.support.operator_process import OperatorProcess
 
 from celery_event_operator import naming
-from celery_event_operator.api import crd
 from celery_event_operator.api.metadata import HASH_ANNOTATION, SERVICE_LABEL
 from celery_event_operator.api.models import parse_spec
 from celery_event_operator.injection import settings
-from celery_event_operator.monitoring import frames
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -58,7 +55,6 @@ PODS = "/api/v1/namespaces/default/pods"
 HEARTBEAT_SECONDS = 2.0  # Celery's
 LOAD_PERIOD_SECONDS = 60.0  # the changing load: a long task for the first half of each period
 INTERVAL = 15  # statusIntervalSeconds: the default
-BASIC_PUBLISH = (60, 40)
 
 
 def name(index: int) -> str:
@@ -149,7 +145,7 @@ def worker_events(url: str, services: list[str], pods_per_service: int, load: bo
                         )
                     for event in events:
                         body = json.dumps({**event, "timestamp": time.time()}).encode()
-                        framed.append(publish_frames(channel.channel_id, exchange, body))
+                        framed.append(framed_publisher.publish_frames(channel.channel_id, exchange, body))
             running = busy
             client.transport.write(b"".join(framed))
             stop.wait(HEARTBEAT_SECONDS)
@@ -200,37 +196,24 @@ def operator_connections(management: rabbitmq.Management, vhost: str) -> list[di
     ]
 
 
-def publish_frames(channel: int, exchange: str, body: bytes) -> bytes:
-    method = frames.method_frame(channel, BASIC_PUBLISH, "Bssbb", (0, exchange, "task.x", False, False))
-    header_payload = struct.pack(">HHQH", 60, 0, len(body), 0x8000) + bytes([len("application/json")])
-    header_payload += b"application/json"
-    header = struct.pack(">BHI", frames.HEADER, channel, len(header_payload)) + header_payload + b"\xce"
-    return method + header + struct.pack(">BHI", frames.BODY, channel, len(body)) + body + b"\xce"
-
-
 def generate(url: str, services: list[str], per_service: int, ready: Any) -> None:
-    """Pre-framed publishes to the services' event exchanges, interleaved, written in large chunks."""
-    with Connection(url) as connection:
-        client = connection.connection
-        channel = client.channel()
-        framed = []
-        for number in range(per_service):
-            for service_name in services:
-                body = json.dumps(
-                    {
-                        "type": "worker-heartbeat",
-                        "hostname": f"celery@{service_name}-w",
-                        "active": number % 3,
-                        "timestamp": 1.0,
-                    }
-                ).encode()
-                framed.append(publish_frames(channel.channel_id, naming.event_exchange_name(service_name), body))
-        chunks = [b"".join(framed[i : i + 500]) for i in range(0, len(framed), 500)]
-        # RabbitMQ's flow control may hold a fast publisher's socket for a while: wait, never time out.
-        client.transport.sock.settimeout(None)
-        ready.wait()
-        for chunk in chunks:
-            client.transport.write(chunk)
+    """Heartbeats to the services' event exchanges, interleaved, at full speed."""
+    messages = [
+        (
+            naming.event_exchange_name(service_name),
+            json.dumps(
+                {
+                    "type": "worker-heartbeat",
+                    "hostname": f"celery@{service_name}-w",
+                    "active": number % 3,
+                    "timestamp": 1.0,
+                }
+            ).encode(),
+        )
+        for number in range(per_service)
+        for service_name in services
+    ]
+    framed_publisher.publish_all(url, messages, ready, routing_key="task.x")
 
 
 def broker_pid() -> int | None:
@@ -397,13 +380,7 @@ def main() -> int:
         f" operator log: {workdir / 'operator.log'}"
     )
     try:
-        with EmulatedApi(workdir / "kubeconfig") as api:
-            api.client.create(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition()
-            )
-            api.client.create(
-                "/api/v1/namespaces/default/secrets", {"metadata": {"name": "rabbitmq"}, "stringData": {"url": url}}
-            )
+        with bench.emulated_cluster(workdir, url) as api:
             for index in range(args.services):
                 api.client.create(DEPLOYMENTS, deployment(index))
                 for number in range(args.pods_per_service):

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_event_operator import options as options_module
+from celery_event_operator.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
 from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 from celery_event_operator.options import OperatorOptions, WebhookOptions
 
@@ -72,6 +73,8 @@ def operator_options(args: argparse.Namespace) -> OperatorOptions:
         metrics_addr=args.metrics_addr,
         runtime_buckets=args.runtime_buckets,
         queue_wait_buckets=args.queue_wait_buckets,
+        per_pod_task_series=args.per_pod_task_series,
+        max_task_names=args.max_task_names,
         webhook=webhook,
         namespaces=tuple(getattr(args, "namespace", ()) or ()),
         shard_index=getattr(args, "shard_index", 0),
@@ -101,6 +104,19 @@ def add_operator_options(parser: argparse.ArgumentParser, default_addr: str) -> 
         type=_buckets,
         default=QUEUE_WAIT_BUCKETS,
         help="upper bounds of celery_task_queue_wait_time's buckets, seconds, comma-separated (+Inf is added)",
+    )
+    parser.add_argument(
+        "--per-pod-task-series",
+        action="store_true",
+        help="label task series with the worker's hostname (celery-exporter's shape: series per pod), for the "
+        "services whose spec.monitoring.perPodTaskSeries is unset",
+    )
+    parser.add_argument(
+        "--max-task-names",
+        type=_positive_int,
+        default=DEFAULT_MAX_TASK_NAMES,
+        help="most task names with series of their own per service (the others count under "
+        'name="__overflow__"), for the services whose spec.monitoring.maxTaskNames is unset',
     )
     parser.add_argument("--webhook-port", type=int, default=9443, help="HTTPS port of the admission webhook (0: none)")
     parser.add_argument("--webhook-addr", default=default_addr, help="address the webhook listens on")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from celery_event_operator.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
 from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 
 DEFAULT_RESYNC_SECONDS = 30.0
@@ -36,6 +37,8 @@ class OperatorOptions:
     metrics_addr: str = "0.0.0.0"
     runtime_buckets: tuple[float, ...] = RUNTIME_BUCKETS  # celery_task_runtime's upper bounds, seconds
     queue_wait_buckets: tuple[float, ...] = QUEUE_WAIT_BUCKETS  # celery_task_queue_wait_time's
+    per_pod_task_series: bool = False  # `hostname` on task series, unless a service's spec says otherwise
+    max_task_names: int = DEFAULT_MAX_TASK_NAMES  # per service, unless its spec says otherwise
     webhook: WebhookOptions | None = dataclasses.field(default_factory=WebhookOptions)  # None: no webhook
     namespaces: tuple[str, ...] = ()  # empty: cluster-wide
     shard_index: int = 0

@@ -379,7 +379,30 @@ class Autoscaling(Model):
 
 
 class Monitoring(Model):
-    enabled: bool = True
+    enabled: Annotated[bool, Field(description="Prometheus metrics from the service's Celery events.")] = True
+    per_pod_task_series: Annotated[
+        bool | None,
+        Field(
+            default=None,
+            description=(
+                "Label task series with the worker's hostname (celery-exporter's shape: a set of series per pod, "
+                "new ones at every rollout). Unset: the operator's --per-pod-task-series (default false: task "
+                "series per service, by name and queue)."
+            ),
+        ),
+    ] = None
+    max_task_names: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=1,
+            le=100_000,
+            description=(
+                "Most distinct task names with series of their own (besides the handlers'); the events of the "
+                'others count under name="__overflow__". Unset: the operator\'s --max-task-names (default 500).'
+            ),
+        ),
+    ] = None
 
 
 class CeleryEventServiceSpec(Model):

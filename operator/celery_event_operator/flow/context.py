@@ -11,6 +11,7 @@ from celery_event_operator.cluster import Cluster
 from celery_event_operator.errors import KubeError
 from celery_event_operator.injection.catalog import InjectionCatalog
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
+from celery_event_operator.monitoring.bounds import SeriesSettings
 from celery_event_operator.monitoring.collector import MetricsRegistry, serve_metrics
 from celery_event_operator.options import OperatorOptions
 
@@ -33,7 +34,11 @@ class Context:
             kube=kube,
             cluster=Cluster(kube),
             brokers=Brokers(SecretReader(kube)),
-            metrics=MetricsRegistry(options.runtime_buckets, options.queue_wait_buckets),
+            metrics=MetricsRegistry(
+                options.runtime_buckets,
+                options.queue_wait_buckets,
+                SeriesSettings(options.per_pod_task_series, options.max_task_names),
+            ),
             injections=InjectionCatalog(kube),
         )
         if options.metrics_port:
@@ -52,5 +57,6 @@ class Context:
                 logging.getLogger(__name__).warning("%s", exc)
 
     async def close(self) -> None:
+        await self.metrics.close()
         await self.brokers.close_all()
         self.kube.close()

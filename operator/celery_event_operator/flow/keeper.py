@@ -147,6 +147,7 @@ class ServiceKeeper:
                 lifecycle=lifecycle,
                 evicted=await self._heal(found, pods, lifecycle),
                 monitoring=self._monitoring(found, broker) if self._status is not None else None,
+                overflowing=self._overflowing(found),
             )
             await self._write(body, self._conclude(body, seen), {}, None)
             if broker.events.login_refused:
@@ -276,7 +277,10 @@ class ServiceKeeper:
                 self._subscription = None
                 self.context.metrics.remove(self.namespace, service)
             return
-        metrics = self.context.metrics.service(self.namespace, service)
+        monitoring = understood.spec.monitoring
+        metrics = self.context.metrics.service(
+            self.namespace, service, monitoring.per_pod_task_series, monitoring.max_task_names
+        )
         # queue_name of the handlers' task events (none of which says the queue it was consumed from)
         metrics.handler_queues = {h.name: handler_queue_name(service, h.name) for h in understood.spec.events.handlers}
         queue = monitor_queue_name(service)
@@ -385,9 +389,17 @@ class ServiceKeeper:
             scale_max_age=SCALE_READ_RESYNCS * self.context.options.resync_seconds,
         )
         self._record_metrics(understood.service, queues, scaling, [pod.name for pod in live])
+        metrics = self.context.metrics.find(self.namespace, understood.service)
+        if metrics is not None:  # the hostnames its series keep: its live pods (the index, read when needed)
+            metrics.live_pods = lambda: (pod.name for pod in pods(understood.service))
         self.context.metrics.status_refreshed(self.namespace, self.name, spec.status_interval_seconds)
         self._refreshed_at = time.monotonic()
         return queues, scaling
+
+    def _overflowing(self, understood: specs.Understood) -> dict[str, tuple[int, int]] | None:
+        """The service's metric labels past their bound (None: no metrics)."""
+        metrics = self.context.metrics.find(self.namespace, understood.service)
+        return metrics.overflowing() if metrics is not None else None
 
     def _record_metrics(self, service: str, queues: QueuesSeen, scaling: ScalingSeen, live: list[str]) -> None:
         metrics = self.context.metrics.find(self.namespace, service)

@@ -52,8 +52,9 @@ def _deleted(type: str, **_: Any) -> bool:
     return type == "DELETED"
 
 
+# On the event loop (async), where the events are consumed and /metrics is rendered: no thread touches the state.
 @kopf.on.event("v1", "pods", labels={SERVICE_LABEL: kopf.PRESENT}, when=_deleted)
-def forget_deleted_pod(
+async def forget_deleted_pod(
     *,
     name: str | None,
     namespace: str | None,

@@ -1,32 +1,28 @@
-"""The Prometheus view of our metrics state: a custom Collector over the dicts we own.
+"""/metrics: the metrics state of every monitored service, served on the operator's event loop (aiohttp).
 
-Names and labels of the Celery series are danihodovic/celery-exporter's (plus `namespace` and `service_name`), so
-its dashboards and alerts (the celery-mixin) work; the operator's own series are `celery_event_operator_*`.
+The loop also serves the admission webhook and consumes the events, so a scrape never holds it for long:
+each service's block is rendered only when the service changed since (exposition.py), and rendering,
+compressing and checksumming give the loop back every slice of about a millisecond (`Pacer`). Scrapes
+render one at a time (a second one, e.g. of a Prometheus HA pair, then finds the blocks fresh).
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
+import logging
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Sequence
 
-import prometheus_client
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from aiohttp import web
 
-from celery_event_operator.monitoring.state import (
-    QUEUE_WAIT_BUCKETS,
-    RUNTIME_BUCKETS,
-    TASK_EVENT_KINDS,
-    WITH_EXCEPTION,
-    Histogram,
-    ServiceMetrics,
-)
+from celery_event_operator.monitoring import exposition
+from celery_event_operator.monitoring.bounds import DEFAULT_SETTINGS, SeriesSettings, TaskBudget, series_settings
+from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS, ServiceMetrics
 
-SERVICE_LABELS = ["namespace", "service_name"]
-# celery-exporter's: `hostname` is the Celery hostname after `@` (the pod name), `queue_name` the queue consumed from
-TASK_LABELS = [*SERVICE_LABELS, "name", "hostname", "queue_name"]
+SLICE_SECONDS = 0.001  # the longest the loop is held between two yields of a scrape (give or take a slice)
+WRITE_BYTES = 256 * 1024  # the response is written in pieces of about this size
 
 
 class MetricsRegistry:
@@ -36,33 +32,55 @@ class MetricsRegistry:
         self,
         runtime_buckets: tuple[float, ...] = RUNTIME_BUCKETS,
         queue_wait_buckets: tuple[float, ...] = QUEUE_WAIT_BUCKETS,
+        defaults: SeriesSettings = DEFAULT_SETTINGS,
+        budget: TaskBudget | None = None,
     ) -> None:
         self.runtime_buckets = runtime_buckets
         self.queue_wait_buckets = queue_wait_buckets
-        self._services: dict[tuple[str, str], ServiceMetrics] = {}
+        self.defaults = defaults  # the operator's flags; a service's spec.monitoring overrides them
+        self.budget = budget if budget is not None else TaskBudget()
+        self._services: dict[tuple[str, str], tuple[ServiceMetrics, exposition.ServiceBlock]] = {}
         self._lock = threading.Lock()  # for adding and removing services only, never on the event path
         self.reconciles: dict[str, int] = {"success": 0, "failure": 0}
         # (namespace, resource) → (wall-clock time of its last status pass, its interval): how fresh status is
         self.status_passes: dict[tuple[str, str], tuple[float, float]] = {}
+        self._render_lock: asyncio.Lock | None = None
+        self.server: web.AppRunner | None = None  # serving /metrics (serve_metrics)
 
-    def service(self, namespace: str, service: str) -> ServiceMetrics:
+    def service(
+        self, namespace: str, service: str, per_pod: bool | None = None, max_task_names: int | None = None
+    ) -> ServiceMetrics:
+        """The service's metrics (made when new), with its spec's settings (None: the operator's defaults)."""
+        settings = series_settings(per_pod, max_task_names, self.defaults)
         with self._lock:
             found = self._services.get((namespace, service))
             if found is None:
-                found = ServiceMetrics(namespace, service, self.runtime_buckets, self.queue_wait_buckets)
-                self._services[(namespace, service)] = found
-            return found
+                metrics = ServiceMetrics(
+                    namespace,
+                    service,
+                    self.runtime_buckets,
+                    self.queue_wait_buckets,
+                    settings=settings,
+                    budget=self.budget,
+                )
+                self._services[(namespace, service)] = (metrics, exposition.ServiceBlock(namespace, service))
+                return metrics
+        found[0].configure(settings)
+        return found[0]
 
     def find(self, namespace: str, service: str) -> ServiceMetrics | None:
-        return self._services.get((namespace, service))
+        found = self._services.get((namespace, service))
+        return found[0] if found is not None else None
 
     def remove(self, namespace: str, service: str) -> None:
         with self._lock:
-            self._services.pop((namespace, service), None)
+            found = self._services.pop((namespace, service), None)
+        if found is not None:
+            found[0].close()
 
     def services(self) -> list[ServiceMetrics]:
         with self._lock:
-            return list(self._services.values())
+            return [metrics for metrics, _ in self._services.values()]
 
     def status_refreshed(self, namespace: str, name: str, interval: float) -> None:
         self.status_passes[(namespace, name)] = (time.time(), interval)
@@ -74,154 +92,110 @@ class MetricsRegistry:
         with self._lock:  # kopf's handler threads (not the event path)
             self.reconciles["success" if succeeded else "failure"] += 1
 
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.cleanup()
+            self.server = None
 
-def _histogram_samples(family: HistogramMetricFamily, service: list[str], histogram: Histogram) -> None:
-    sums = histogram.sums.copy()
-    bounds = [str(bound) for bound in histogram.bounds]
-    for (task, worker, queue), counts in histogram.counts.copy().items():
-        cumulative = list(itertools.accumulate(counts))
-        buckets = [*zip(bounds, cumulative, strict=False), ("+Inf", cumulative[-1])]
-        family.add_metric([*service, task, worker, queue], buckets, sums.get((task, worker, queue), 0.0))
+    async def scrape(self, gzip: bool) -> list[bytes]:
+        """The exposition of every service, in pieces (a gzip member when `gzip`)."""
+        if self._render_lock is None:
+            self._render_lock = asyncio.Lock()
+        pacer = Pacer(SLICE_SECONDS)
+        async with self._render_lock:
+            with self._lock:
+                services = list(self._services.values())
+            plain: list[Sequence[bytes]] = []
+            deflated: list[Sequence[bytes]] = []
+            for metrics, block in services:
+                if block.stale(metrics):
+                    await pacer.run(block.render(metrics))
+                if gzip and block.deflated is None:
+                    await pacer.run(block.deflate())
+                plain.append(block.plain)  # this scrape's view of the service, whatever changes meanwhile
+                if block.deflated is not None:
+                    deflated.append(block.deflated)
+                await pacer.tick()
+        operator = exposition.operator_fragments(dict(self.reconciles), dict(self.status_passes))
+        text = exposition.exposition(plain, operator)
+        if not gzip:
+            return text
+        pieces: list[bytes] = []
+        await pacer.run(exposition.gzip_member(text, exposition.compressed_exposition(deflated, operator), pieces))
+        return pieces
 
 
-class EventsCollector(Collector):
-    def __init__(self, registry: MetricsRegistry) -> None:
-        self.registry = registry
+class Pacer:
+    """Gives the event loop back whenever the work since the last yield took `slice_seconds`."""
 
-    def collect(self) -> Iterator[Metric]:
-        services = self.registry.services()
-        tasks = {
-            kind: CounterMetricFamily(
-                f"celery_task_{kind}",
-                f"Tasks {kind}, from the workers' Celery events.",
-                labels=[*TASK_LABELS, *(["exception"] if kind in WITH_EXCEPTION else [])],
-            )
-            for kind in TASK_EVENT_KINDS
-        }
-        runtime = HistogramMetricFamily(
-            "celery_task_runtime", "Runtime of succeeded tasks (seconds).", labels=TASK_LABELS
-        )
-        queue_wait = HistogramMetricFamily(
-            "celery_task_queue_wait_time",
-            "Time from a task's sending (else its receipt by a worker) to its start, without ETA or countdown delay"
-            " (seconds).",
-            labels=TASK_LABELS,
-        )
-        up = GaugeMetricFamily(
-            "celery_worker_up",
-            "1 while the worker sends heartbeats, 0 after it went offline.",
-            labels=[*SERVICE_LABELS, "hostname"],
-        )
-        active = GaugeMetricFamily(
-            "celery_worker_tasks_active",
-            "Tasks the worker is running (its heartbeats).",
-            labels=[*SERVICE_LABELS, "hostname"],
-        )
-        queue_families = {
-            "events": GaugeMetricFamily(
-                "celery_queue_length",
-                "Messages waiting in a handler queue (ready + unacknowledged).",
-                labels=[*SERVICE_LABELS, "queue_name"],
-            ),
-            "retry": GaugeMetricFamily(
-                "celery_event_operator_retry_queue_length",
-                "Messages waiting in a retry level (ready + unacknowledged).",
-                labels=[*SERVICE_LABELS, "queue_name"],
-            ),
-            "archive": GaugeMetricFamily(
-                "celery_event_operator_archive_queue_length",
-                "Messages in the archive (ready + unacknowledged).",
-                labels=[*SERVICE_LABELS, "queue_name"],
-            ),
-        }
-        consumers = GaugeMetricFamily(
-            "celery_active_consumer_count", "Consumers of a handler queue.", labels=[*SERVICE_LABELS, "queue_name"]
-        )
-        consumed = CounterMetricFamily(
-            "celery_event_operator_events_consumed", "Celery events the operator consumed.", labels=SERVICE_LABELS
-        )
-        malformed = CounterMetricFamily(
-            "celery_event_operator_events_malformed",
-            "Messages on the events queue that were no Celery event (skipped).",
-            labels=SERVICE_LABELS,
-        )
-        replicas = GaugeMetricFamily(
-            "celery_event_operator_replicas", "The service's worker pods running.", labels=SERVICE_LABELS
-        )
-        desired_replicas = GaugeMetricFamily(
-            "celery_event_operator_desired_replicas",
-            "The worker replicas wanted: the autoscaler's or spec.workers.replicas, else the workload's own.",
-            labels=SERVICE_LABELS,
-        )
-        stuck = GaugeMetricFamily(
-            "celery_event_operator_stuck_workers",
-            "Running worker pods that heartbeat but consume nothing while messages wait, or stopped heartbeating.",
-            labels=SERVICE_LABELS,
-        )
-        consumer_up = GaugeMetricFamily(
-            "celery_event_operator_events_consumer_up",
-            "1 while the service's events consumer consumes; 0 while it is not (its series then stand still).",
-            labels=SERVICE_LABELS,
-        )
-        dropped = CounterMetricFamily(
-            "celery_event_operator_events_dropped", "Celery events of types no metric counts.", labels=SERVICE_LABELS
-        )
-        status_pass = GaugeMetricFamily(
-            "celery_event_operator_status_pass_timestamp_seconds",
-            "When the status (queue lengths, replicas) of a CeleryEventService was last refreshed (unix time).",
-            labels=["namespace", "name"],
-        )
-        for (namespace, name), (at, _interval) in self.registry.status_passes.copy().items():
-            status_pass.add_metric([namespace, name], at)
-        reconciles = CounterMetricFamily(
-            "celery_event_operator_reconciles", "Reconciles of CeleryEventServices.", labels=["result"]
-        )
-        for result, count in self.registry.reconciles.copy().items():
-            reconciles.add_metric([result], count)
-        for metrics in services:
-            service = [metrics.namespace, metrics.service]
-            for (kind, task, worker, queue, exception), count in metrics.counters.copy().items():
-                tasks[kind].add_metric(
-                    [*service, task, worker, queue, *([exception] if kind in WITH_EXCEPTION else [])], count
-                )
-            _histogram_samples(runtime, service, metrics.runtime)
-            _histogram_samples(queue_wait, service, metrics.queue_wait)
-            for worker, value in metrics.worker_up.copy().items():
-                up.add_metric([*service, worker], value)
-            for worker, value in metrics.worker_active.copy().items():
-                active.add_metric([*service, worker], value)
-            for (queue, role), value in metrics.queue_length.copy().items():
-                if role in queue_families:
-                    queue_families[role].add_metric([*service, queue], value)
-            for queue, value in metrics.queue_consumers.copy().items():
-                consumers.add_metric([*service, queue], value)
-            consumed.add_metric(service, metrics.events_consumed)
-            malformed.add_metric(service, metrics.malformed)
-            dropped.add_metric(service, metrics.dropped)
-            consumer_up.add_metric(service, 1 if metrics.consumer_connected else 0)
-            if metrics.replicas is not None:
-                replicas.add_metric(service, metrics.replicas)
-            if metrics.desired_replicas is not None:
-                desired_replicas.add_metric(service, metrics.desired_replicas)
-            if metrics.stuck_workers is not None:
-                stuck.add_metric(service, metrics.stuck_workers)
-        yield from tasks.values()
-        yield from (runtime, queue_wait, up, active, *queue_families.values(), consumers)
-        yield from (
-            replicas,
-            desired_replicas,
-            stuck,
-            consumer_up,
-            consumed,
-            malformed,
-            dropped,
-            reconciles,
-            status_pass,
-        )
+    def __init__(self, slice_seconds: float) -> None:
+        self.slice_seconds = slice_seconds
+        self._until = time.perf_counter() + slice_seconds
+
+    async def tick(self) -> None:
+        if time.perf_counter() >= self._until:
+            await asyncio.sleep(0)
+            self._until = time.perf_counter() + self.slice_seconds
+
+    async def run(self, work: Generator[None, None, None]) -> None:
+        """Run a generator of work that yields between its slices."""
+        for _ in work:
+            await self.tick()
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip (and does not refuse it with q=0)."""
+    for item in accept_encoding.split(","):
+        coding, _, parameters = item.strip().partition(";")
+        if coding.strip().lower() in ("gzip", "x-gzip"):
+            quality = parameters.strip().removeprefix("q=")
+            try:
+                return not parameters or float(quality) > 0
+            except ValueError:
+                return True
+    return False
+
+
+async def _respond(registry: MetricsRegistry, request: web.Request) -> web.StreamResponse:
+    gzip = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+    pieces = await registry.scrape(gzip)
+    response = web.StreamResponse(headers={"Content-Type": exposition.CONTENT_TYPE})
+    if gzip:
+        response.headers["Content-Encoding"] = "gzip"
+    response.content_length = sum(len(piece) for piece in pieces)
+    await response.prepare(request)
+    batch: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        batch.append(piece)
+        size += len(piece)
+        if size >= WRITE_BYTES:
+            await response.write(b"".join(batch))  # waits while the client is slower than us
+            batch, size = [], 0
+    await response.write(b"".join(batch))
+    await response.write_eof()
+    return response
 
 
 def serve_metrics(metrics: MetricsRegistry, port: int, addr: str) -> None:
-    """Serve /metrics on its own thread (prometheus_client's server), beside kopf's event loop."""
-    registry = CollectorRegistry()
-    registry.register(EventsCollector(metrics))
-    prometheus_client.start_http_server(port, addr=addr, registry=registry)
+    """Serve /metrics on the running event loop. The port is bound at once (a port in use fails the start)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    listening = socket.create_server((addr, port), family=family, backlog=128)
+    application = web.Application()
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        return await _respond(metrics, request)
+
+    application.router.add_get("/metrics", respond)
+    runner = metrics.server = web.AppRunner(application, access_log=None, handle_signals=False)
+
+    async def start() -> None:
+        await runner.setup()
+        await web.SockSite(runner, listening).start()
+        logging.getLogger(__name__).debug("serving /metrics on %s:%s", addr, port)
+
+    _starting.add(task := asyncio.get_running_loop().create_task(start(), name="metrics server"))
+    task.add_done_callback(_starting.discard)
+
+
+_starting: set[asyncio.Task[None]] = set()  # the loop keeps weak references to tasks only

@@ -21,6 +21,7 @@ from celery_event_operator.api.metadata import DECLARED_ANNOTATION
 from celery_event_operator.api.models import CeleryEventServiceStatus, Condition, ConditionStatus
 from celery_event_operator.errors import BrokerRefusedError, UnsupportedOperationError
 from celery_event_operator.injection.outcome import WorkersOutcome
+from celery_event_operator.monitoring import report
 from celery_event_operator.scaling.depths import counters
 from celery_event_operator.service.observations import (
     LifecycleSeen,
@@ -64,6 +65,7 @@ class Announced:
     scale_problem: str | None = None  # why the workload's /scale cannot be read
     monitoring_failure: bool = False  # the events consumer's own failure
     stuck: frozenset[str] = frozenset()  # the pods announced stuck (one Event each, per episode)
+    overflowed: frozenset[str] = frozenset()  # the metric labels announced past their bound (one Event in all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +128,11 @@ def conclude(
         state.events.append(EventNote("Normal", "PodEvicted", f"evicted pod {seen.evicted.pod}: {seen.evicted.why}"))
     if seen.monitoring is not None:
         announced = _monitoring(state, seen.monitoring, announced)
+    if seen.overflowing is not None:
+        overflowed, message = report.overflow_note(announced.overflowed, seen.overflowing)
+        if message is not None:
+            state.events.append(EventNote("Warning", report.OVERFLOW_REASON, message))
+        announced = dataclasses.replace(announced, overflowed=overflowed)
     fields["conditions"] = sorted(state.current, key=lambda c: _ORDER.get(c.type, len(_ORDER)))
     return Conclusion(previous.model_copy(update=fields), tuple(state.events), annotations, announced)
 

@@ -8,6 +8,7 @@ What a pass did not observe is None: the conclusion keeps what the status says o
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.errors import InvalidSpecError
@@ -91,3 +92,4 @@ class Observations:
     monitoring: MonitoringSeen | None = None
     lifecycle: LifecycleSeen | None = None
     evicted: Evicted | None = None
+    overflowing: Mapping[str, tuple[int, int]] | None = None  # metric labels past their bound: (refused, kept)

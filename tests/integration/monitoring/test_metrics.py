@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 import pathlib
+import re
 import urllib.error
 import urllib.parse
 from collections.abc import Iterator
@@ -70,40 +71,73 @@ def workers_in(found: Samples) -> set[str]:
     return {dict(labels)["hostname"] for _, labels in found if "hostname" in dict(labels)} - {"generic"}
 
 
-@pytest.fixture
-def operator(
-    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
-) -> Iterator[OperatorProcess]:
-    create_broker_secret(kube_api, test_vhost_url)
-    kube_api.client.create(DEPLOYMENTS, WORKERS)  # the service's scale target: replicas and desired replicas
-    process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=1).start()
+def service_spec(name: str, monitoring: dict[str, Any] | None = None) -> dict[str, Any]:
     service = billing_sample()
+    service["metadata"]["name"] = name
     service["spec"]["retry"] = {"maxRetries": 1}
     service["spec"]["events"]["handlers"] = [{"name": TASK}]
     service["spec"]["statusIntervalSeconds"] = 1
-    kube_api.client.create(CES, service)
-    eventually(lambda: condition(kube_api, "Ready").get("status") == "True", timeout=20)
-    eventually(lambda: _consuming(test_vhost_url), timeout=20, message="the events queue was never consumed")
+    service["spec"]["monitoring"] = {"enabled": True, **(monitoring or {})}
+    if name != "billing":
+        del service["spec"]["workers"]
+    return service
+
+
+def start_operator(
+    kube_api: EmulatedApi, url: str, log: pathlib.Path, *args: str, services: dict[str, dict[str, Any]]
+) -> OperatorProcess:
+    """The operator with these services (name → spec.monitoring) Ready and consuming their events."""
+    create_broker_secret(kube_api, url)
+    kube_api.client.create(DEPLOYMENTS, WORKERS)  # billing's scale target: replicas and desired replicas
+    process = OperatorProcess(kube_api.kubeconfig, log, *args, resync_seconds=1).start()
+    for name, monitoring in services.items():
+        kube_api.client.create(CES, service_spec(name, monitoring))
+    for name in services:
+        eventually(lambda name=name: condition(kube_api, "Ready", name).get("status") == "True", timeout=20)
+        eventually(
+            lambda name=name: _consuming(url, name),
+            timeout=20,
+            message=f"the events queue of {name} was never consumed",
+        )
+    return process
+
+
+@pytest.fixture
+def monitoring_spec() -> dict[str, Any]:
+    """billing's spec.monitoring beyond `enabled` (a test parametrizes it to change it)."""
+    return {}
+
+
+@pytest.fixture
+def operator(
+    kube_api: EmulatedApi,
+    crd_installed: dict[str, Any],
+    test_vhost_url: str,
+    tmp_path: pathlib.Path,
+    monitoring_spec: dict[str, Any],
+) -> Iterator[OperatorProcess]:
+    process = start_operator(kube_api, test_vhost_url, tmp_path / "operator.log", services={"billing": monitoring_spec})
     yield process
     process.stop()
 
 
-def _consuming(url: str) -> bool:
+def _consuming(url: str, service: str = "billing") -> bool:
     with Connection(url) as connection:
         try:
-            return bool(connection.channel().queue_declare("billing.celeryev", passive=True).consumer_count)
+            return bool(connection.channel().queue_declare(f"{service}.celeryev", passive=True).consumer_count)
         except amqp.exceptions.NotFound:
             return False
 
 
-def publish_events(url: str, *events: dict[str, Any] | bytes) -> None:
+def publish_events(url: str, *events: dict[str, Any] | bytes | list[dict[str, Any]], service: str = "billing") -> None:
+    """Each item one message (a list: Celery's batch of events in one message)."""
     with Connection(url) as connection:
         channel = connection.channel()
         for item in events:
             body = item if isinstance(item, bytes) else json.dumps(item)
             channel.basic_publish(
                 amqp.Message(body, content_type="application/json"),
-                exchange="billing:celeryev",
+                exchange=f"{service}:celeryev",
                 routing_key="worker.heartbeat",
             )
 
@@ -112,9 +146,19 @@ def heartbeat(worker: str) -> dict[str, Any]:
     return {"type": "worker-heartbeat", "hostname": f"celery@{worker}", "active": 0, "freq": 2.0, "timestamp": 1.0}
 
 
+@pytest.mark.parametrize(
+    "monitoring_spec",
+    [
+        pytest.param({}, id="per-service-series"),
+        pytest.param({"perPodTaskSeries": True}, id="per-pod-series"),
+    ],
+)
 def test_real_workers_produce_exact_counters(
-    kube_api: EmulatedApi, operator: OperatorProcess, tmp_path: pathlib.Path
+    kube_api: EmulatedApi, operator: OperatorProcess, tmp_path: pathlib.Path, monitoring_spec: dict[str, Any]
 ) -> None:
+    """By default task series carry no `hostname` (what the celery-mixin queries, whatever the pods); with
+    `perPodTaskSeries` they carry the pod's, as celery-exporter's. The counts are the same either way."""
+    per_pod = bool(monitoring_spec)
     pod = worker_pod({"celeryevents.io/service": "billing"})
     patch = json.loads(base64.b64decode(operator.admit(admission_review(pod))["response"]["patch"]))
     env = {
@@ -124,6 +168,9 @@ def test_real_workers_produce_exact_counters(
     worker = Worker(
         APPS, "orders_app", env, tmp_path / "worker.log", "--pool=solo", "--hostname=celery@billing-worker-7f9c-abcde"
     ).start()
+    pod_name = "billing-worker-7f9c-abcde"
+    task = {"name": TASK, "queue_name": QUEUE, **({"hostname": pod_name} if per_pod else {})}
+    sent = {"name": TASK, "queue_name": QUEUE, **({"hostname": "generic"} if per_pod else {})}
     try:
         worker.run(
             "from orders_app import order_created\n"
@@ -132,7 +179,6 @@ def test_real_workers_produce_exact_counters(
             "order_created(20, 'flaky-once')\n"
             "order_created(30, 'flaky')"  # fails for good with ValueError (maxRetries 1)
         )
-        pod_name = "billing-worker-7f9c-abcde"
 
         def settled() -> Samples:
             found = scrape(operator)
@@ -142,14 +188,13 @@ def test_real_workers_produce_exact_counters(
             assert value(found, "celery_active_consumer_count", queue_name=QUEUE) == 1, "the worker consumes"
             # No order is guaranteed between the kinds (one CI run saw every outcome before the last task-received).
             # Publishes: 3 ok + 3 failing for good (fired, retry copy, archive copy) + 1 flaky-once (fired, retry).
-            assert value(found, "celery_task_sent_total", name=TASK, hostname="generic", queue_name=QUEUE) == 14
+            assert value(found, "celery_task_sent_total", **sent) == 14
             assert value(found, "celery_task_received_total", **task) == 11
             assert value(found, "celery_task_started_total", **task) == 11
             assert value(found, "celery_task_retried_total", exception="KeyError", **task) == 2
             assert value(found, "celery_task_retried_total", exception="ValueError", **task) == 2
             return found
 
-        task = {"name": TASK, "hostname": pod_name, "queue_name": QUEUE}
         found = eventually(settled, timeout=30, message="the events did not add up")
         scraped = operator.scrape()
     finally:
@@ -168,6 +213,8 @@ def test_real_workers_produce_exact_counters(
     assert value(found, "celery_event_operator_retry_queue_length", queue_name="billing:retry") == 0
     assert value(found, "celery_event_operator_events_consumer_up") == 1
     assert value(found, "celery_event_operator_desired_replicas") == 1
+    task_series = [dict(labels) for metric, labels in found if metric.startswith("celery_task_")]
+    assert {"hostname" in labels for labels in task_series} == {per_pod}, "hostname on every task series, or none"
 
     [rule] = [d for d in render({"metrics": {"prometheusRule": {"enabled": True}}}) if d["kind"] == "PrometheusRule"]
     used = metric_names.merged(
@@ -182,9 +229,28 @@ def test_real_workers_produce_exact_counters(
     assert metric_names.missing_from(scraped, used) == [], "alerts, README, dashboard or mixin use what is not exported"
 
 
+def task_events(worker: str, number: int) -> list[dict[str, Any]]:
+    """A task of `worker` from receipt to success (or failure, every third), as one batch of events."""
+    uuid = f"{worker}-{number}"
+    host = f"celery@{worker}"
+    outcome = (
+        {"type": "task-failed", "hostname": host, "uuid": uuid, "exception": "KeyError('x')"}
+        if number % 3 == 0
+        else {"type": "task-succeeded", "hostname": host, "uuid": uuid, "runtime": 0.1}
+    )
+    return [
+        {"type": "task-received", "hostname": host, "uuid": uuid, "name": f"orders.step{number % 5}"},
+        {"type": "task-started", "hostname": host, "uuid": uuid, "timestamp": 1.0},
+        outcome,
+    ]
+
+
 def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(
     kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str
 ) -> None:
+    """Per-pod series (celery_worker_up) go with their pod; the task series of the service stay the same
+    series through every rollout, and their counters only grow (no reset, no new series per rollout)."""
+
     def pod(name: str) -> dict[str, Any]:
         return {
             "apiVersion": "v1",
@@ -193,15 +259,30 @@ def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(
             "spec": {"containers": [{"name": "worker", "image": "w"}]},
         }
 
+    def task_series() -> Samples:
+        return {key: count for key, count in scrape(operator).items() if key[0].startswith("celery_task_")}
+
+    def received(found: Samples) -> float:
+        return sum(count for (metric, _), count in found.items() if metric == "celery_task_received_total")
+
     previous: list[str] = []
+    first: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for rollout in range(20):
         current = [f"worker-{rollout}-{index}" for index in range(10)]
         for name in current:
             kube_api.client.create(PODS, pod(name))
         publish_events(test_vhost_url, *(heartbeat(name) for name in current))
+        publish_events(test_vhost_url, *(task_events(name, number) for name in current for number in range(5)))
         for name in previous:
             kube_api.client.delete(f"{PODS}/{name}")
         previous = current
+        found = eventually(
+            lambda rollout=rollout: received(series := task_series()) == 50 * (rollout + 1) and series,
+            timeout=10,
+            message="the task counters did not add up across rollouts",
+        )
+        first = first or set(found)
+        assert set(found) == first, "the task series changed with a rollout"
     eventually(
         lambda: workers_in(scrape(operator)) == set(previous), timeout=10, message="series of deleted pods stayed"
     )
@@ -213,9 +294,115 @@ def test_deleted_pod_series_go_at_once_and_rollouts_leave_live_pods_only(
         timeout=5,  # the watch event's way to the handler; without it only the 300 s silence sweep would drop them
         message="the deleted pod's series stayed",
     )
+    consumed = value(scrape(operator), "celery_event_operator_events_consumed_total")
     publish_events(test_vhost_url, {"type": "worker-offline", "hostname": f"celery@{victim}", "timestamp": 2.0})
-    eventually(lambda: value(scrape(operator), "celery_event_operator_events_consumed_total") >= 201, timeout=5)
+    eventually(lambda: value(scrape(operator), "celery_event_operator_events_consumed_total") > consumed, timeout=5)
     assert victim not in workers_in(scrape(operator)), "a late event does not bring the series back"
+
+
+def distinct(found: Samples, metric: str, label: str) -> set[str]:
+    return {dict(labels)[label] for name, labels in found if name == metric}
+
+
+def test_a_flood_of_task_names_is_bounded_counted_and_reported_once_and_costs_no_other_service(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+) -> None:
+    """A producer that names every task differently (a bug, or anyone who can publish to the exchange) gets
+    its first 500 names (the default) and the rest counted under `__overflow__`, once reported; a second
+    service on the same operator keeps its exact series throughout."""
+    operator = start_operator(
+        kube_api, test_vhost_url, tmp_path / "operator.log", services={"billing": {}, "shipping": {}}
+    )
+    try:
+        flood = [
+            {"type": "task-received", "hostname": "celery@pod-a", "uuid": f"u{n}", "name": f"generated.{n}"}
+            for n in range(5_000)
+        ]
+        publish_events(test_vhost_url, *(flood[start : start + 100] for start in range(0, 5_000, 100)))
+        publish_events(test_vhost_url, *(task_events("ship-1", number) for number in range(30)), service="shipping")
+        billing = eventually(
+            lambda: value(found := scrape(operator), "celery_event_operator_events_consumed_total") == 5_000 and found,
+            timeout=30,
+            message="the flood was not consumed",
+        )
+        names = distinct(billing, "celery_task_received_total", "name")
+        assert len(names - {"__overflow__"}) == 500, "the default bound on task names"
+        assert value(billing, "celery_task_received_total", name="__overflow__", queue_name="celery") == 4_500
+        assert value(billing, "celery_event_operator_label_values_overflowed_total", label="name") == 4_500
+        assert sum(n for (metric, _), n in billing.items() if metric == "celery_task_received_total") == 5_000
+
+        shipping = scrape(operator, "shipping")
+        assert distinct(shipping, "celery_task_received_total", "name") == {f"orders.step{n}" for n in range(5)}
+        assert value(shipping, "celery_task_received_total", name="orders.step0", queue_name="celery") == 6
+        assert (
+            value(shipping, "celery_task_failed_total", name="orders.step0", queue_name="celery", exception="KeyError")
+            == 2
+        )
+        assert value(shipping, "celery_task_succeeded_total", name="orders.step1", queue_name="celery") == 4
+        assert not [key for key in shipping if "__overflow__" in dict(key[1]).values()]
+        overflowed = {dict(labels)["label"]: n for (metric, labels), n in shipping.items() if "overflowed" in metric}
+        assert overflowed == {"name": 0, "exception": 0, "queue_name": 0, "hostname": 0}
+
+        def reported() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]
+                if e.get("reason") == "MetricLabelsOverflowed"
+            ]
+
+        [event] = eventually(reported, timeout=10, message="the overflow was not reported")
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["name"] == "billing"
+        assert "500 kept" in event["message"], event["message"]
+        seen = int(re.search(r"about ([\d,]+) task names", event["message"]).group(1).replace(",", ""))  # type: ignore[union-attr]
+        assert 4_500 <= seen <= 5_500, event["message"]
+        publish_events(test_vhost_url, *(flood[start : start + 100] for start in range(0, 1_000, 100)))
+        stays(lambda: len(reported()) == 1, seconds=3, message="the overflow was reported again")
+    finally:
+        operator.stop()
+
+
+def test_operator_wide_defaults_and_the_spec_that_overrides_them(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+) -> None:
+    """`--per-pod-task-series` and `--max-task-names` set the defaults; a service's spec.monitoring wins."""
+    operator = start_operator(
+        kube_api,
+        test_vhost_url,
+        tmp_path / "operator.log",
+        "--per-pod-task-series",
+        "--max-task-names",
+        "2",
+        services={"billing": {}, "shipping": {"perPodTaskSeries": False, "maxTaskNames": 3}},
+    )
+    try:
+        for service in ("billing", "shipping"):
+            publish_events(test_vhost_url, *(task_events("pod-a", number) for number in range(5)), service=service)
+        billing = eventually(
+            lambda: (
+                len(found := scrape(operator)) > 0
+                and value(found, "celery_event_operator_events_consumed_total") == 15
+                and found
+            ),
+            timeout=10,
+        )
+        shipping = eventually(
+            lambda: (
+                value(found := scrape(operator, "shipping"), "celery_event_operator_events_consumed_total") == 15
+                and found
+            ),
+            timeout=10,
+        )
+        assert distinct(billing, "celery_task_received_total", "name") == {
+            "orders.step0",
+            "orders.step1",
+            "__overflow__",
+        }
+        assert distinct(billing, "celery_task_received_total", "hostname") == {"pod-a"}
+        assert len(distinct(shipping, "celery_task_received_total", "name")) == 4
+        assert not [key for key in shipping if key[0].startswith("celery_task_") and "hostname" in dict(key[1])]
+    finally:
+        operator.stop()
 
 
 def test_pod_events_leave_no_log_line_but_a_deletion(kube_api: EmulatedApi, operator: OperatorProcess) -> None:
@@ -254,7 +441,7 @@ def test_garbage_is_counted_and_metrics_stay_correct(
     )
     found = eventually(
         lambda: (
-            value(scrape(operator), "celery_task_received_total", name="n", hostname="pod-a", queue_name="celery") == 1
+            value(scrape(operator), "celery_task_received_total", name="n", queue_name="celery") == 1
             and scrape(operator)
         ),
         timeout=10,

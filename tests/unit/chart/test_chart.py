@@ -17,7 +17,8 @@ from celery_event_devcluster.rbac import Identity, Policy, Request, forbidden_me
 from celery_event_operator import cli
 from celery_event_operator.api import crd
 from celery_event_operator.kubeapi import API_CALLS
-from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
+from celery_event_operator.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
+from celery_event_operator.monitoring.exposition import FAMILIES
 from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 from tests.conftest import REPO
 from tests.support import metric_names
@@ -304,9 +305,7 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
         "CeleryEventsNotConsumed",
         "CeleryEventOperatorReconcileFailures",
     }
-    registry = MetricsRegistry()
-    families = list(EventsCollector(registry).collect())
-    exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
+    exported = {family.name for family in FAMILIES}
     used = set(re.findall(r"\b(celery_[a-z_]+)", " ".join(alerts.values())))
     assert used <= exported, f"alerts on metrics nobody exports: {used - exported}"
 
@@ -319,8 +318,7 @@ def test_the_dashboard_is_an_opt_in_configmap_for_grafanas_sidecar_on_exported_m
     assert configmap["metadata"]["annotations"] == {"grafana_folder": "Celery"}
     dashboard = json.loads(configmap["data"]["celery-event-operator.json"])
     assert dashboard == json.loads((CHART / "dashboards" / "celery-event-operator.json").read_text())
-    families = list(EventsCollector(MetricsRegistry()).collect())
-    exported = {family.name for family in families} | {f"{f.name}_total" for f in families if f.type == "counter"}
+    exported = {family.name for family in FAMILIES}
     used = set(metric_names.dashboard_uses(dashboard))
     assert len(used) >= 10
     assert used <= exported, f"panels on metrics nobody exports: {used - exported}"
@@ -328,16 +326,27 @@ def test_the_dashboard_is_an_opt_in_configmap_for_grafanas_sidecar_on_exported_m
     assert [d["metadata"]["namespace"] for d in other if d["kind"] == "ConfigMap"] == ["grafana"]
 
 
-def test_histogram_buckets_reach_the_operator() -> None:
+def test_metrics_options_reach_the_operator() -> None:
     def parsed(values: dict[str, Any]) -> argparse.Namespace:
         [deployment] = [d for d in render(values) if d["kind"] == "Deployment"]
         return cli.build_parser().parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
 
-    chosen = parsed({"metrics": {"runtimeBuckets": [0.1, 1, 2.5, 600], "queueWaitBuckets": [1, 60, 3600]}})
+    chosen = parsed(
+        {
+            "metrics": {
+                "runtimeBuckets": [0.1, 1, 2.5, 600],
+                "queueWaitBuckets": [1, 60, 3600],
+                "perPodTaskSeries": True,
+                "maxTaskNames": 100_000,
+            }
+        }
+    )
     assert chosen.runtime_buckets == (0.1, 1.0, 2.5, 600.0)
     assert chosen.queue_wait_buckets == (1.0, 60.0, 3600.0)
+    assert (chosen.per_pod_task_series, chosen.max_task_names) == (True, 100_000)
     defaults = parsed({})
     assert (defaults.runtime_buckets, defaults.queue_wait_buckets) == (RUNTIME_BUCKETS, QUEUE_WAIT_BUCKETS)
+    assert (defaults.per_pod_task_series, defaults.max_task_names) == (False, DEFAULT_MAX_TASK_NAMES)
 
 
 def test_sharded_install_runs_one_operator_per_shard_behind_the_same_services() -> None:

@@ -1,28 +1,35 @@
-"""Celery events into metrics state, the Collector's view, and garbage collection (pure)."""
+"""Celery events into metrics state, its exposition, and garbage collection (pure; the scrape runs on an event
+loop of the test's own, as the operator's)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_event_operator.monitoring import state
-from celery_event_operator.monitoring.collector import EventsCollector, MetricsRegistry
+from celery_event_operator.monitoring import bounds, state
+from celery_event_operator.monitoring.bounds import SeriesSettings
+from celery_event_operator.monitoring.collector import MetricsRegistry
+
+PER_POD = SeriesSettings(per_pod=True)
+W = state.SERVICE_WIDE
 
 
 def event(kind: str, worker: str = "pod-a", **fields: Any) -> dict[str, Any]:
     return {"type": kind, "hostname": f"celery@{worker}", "timestamp": 1.0, **fields}
 
 
+def scraped(registry: MetricsRegistry) -> str:
+    return b"".join(asyncio.run(registry.scrape(gzip=False))).decode()
+
+
 def samples(registry: MetricsRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    collector_registry = CollectorRegistry()
-    collector_registry.register(EventsCollector(registry))
-    text = generate_latest(collector_registry).decode()
+    text = scraped(registry)
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)
@@ -50,8 +57,9 @@ def test_exception_class(text: str, expected: str) -> None:
     assert state.exception_class(text) == expected
 
 
-def test_task_lifecycle_counters_histogram_and_names_from_the_lru() -> None:
-    registry = MetricsRegistry()
+@pytest.mark.parametrize("per_pod", [pytest.param(False, id="per-service"), pytest.param(True, id="per-pod")])
+def test_task_lifecycle_counters_histogram_and_names_from_the_lru(per_pod: bool) -> None:
+    registry = MetricsRegistry(defaults=SeriesSettings(per_pod=per_pod))
     metrics = registry.service("shop", "billing")
     metrics.handler_queues = {"orders.created": "billing.orders.created"}
     for item in [
@@ -68,17 +76,21 @@ def test_task_lifecycle_counters_histogram_and_names_from_the_lru() -> None:
         metrics.ingest_message(json.dumps(item).encode(), now=10.0)
     found = samples(registry)
     task = {"name": "orders.created", "queue_name": "billing.orders.created"}
-    assert value(found, "celery_task_sent_total", hostname="generic", **task) == 1
-    assert value(found, "celery_task_received_total", hostname="pod-a", **task) == 3
-    assert value(found, "celery_task_started_total", hostname="pod-a", **task) == 2
-    assert value(found, "celery_task_succeeded_total", hostname="pod-a", **task) == 1
-    assert value(found, "celery_task_retried_total", hostname="pod-a", exception="KeyError", **task) == 1
-    assert value(found, "celery_task_failed_total", hostname="pod-a", exception="ValueError", **task) == 1
-    assert value(found, "celery_task_runtime_bucket", hostname="pod-a", le="0.25", **task) == 0
-    assert value(found, "celery_task_runtime_bucket", hostname="pod-a", le="0.5", **task) == 1
-    assert value(found, "celery_task_runtime_count", hostname="pod-a", **task) == 1
-    assert value(found, "celery_task_runtime_sum", hostname="pod-a", **task) == pytest.approx(0.3)
+    sent = {**task, **({"hostname": "generic"} if per_pod else {})}
+    worked = {**task, **({"hostname": "pod-a"} if per_pod else {})}
+    assert value(found, "celery_task_sent_total", **sent) == 1
+    assert value(found, "celery_task_received_total", **worked) == 3
+    assert value(found, "celery_task_started_total", **worked) == 2
+    assert value(found, "celery_task_succeeded_total", **worked) == 1
+    assert value(found, "celery_task_retried_total", exception="KeyError", **worked) == 1
+    assert value(found, "celery_task_failed_total", exception="ValueError", **worked) == 1
+    assert value(found, "celery_task_runtime_bucket", le="0.25", **worked) == 0
+    assert value(found, "celery_task_runtime_bucket", le="0.5", **worked) == 1
+    assert value(found, "celery_task_runtime_count", **worked) == 1
+    assert value(found, "celery_task_runtime_sum", **worked) == pytest.approx(0.3)
     assert value(found, "celery_event_operator_events_consumed_total") == 9
+    task_series = [dict(labels) for name, labels in found if name.startswith("celery_task_")]
+    assert {"hostname" in labels for labels in task_series} == {per_pod}
 
 
 def test_queue_name_is_where_the_task_was_sent_else_its_handler_queue_else_celerys_default() -> None:
@@ -95,19 +107,18 @@ def test_queue_name_is_where_the_task_was_sent_else_its_handler_queue_else_celer
     ]:
         metrics.ingest(item, 1.0)
     found = samples(registry)
-    assert value(found, "celery_task_sent_total", name="reports.build", hostname="generic", queue_name="reports") == 1
-    assert value(found, "celery_task_started_total", name="reports.build", hostname="pod-a", queue_name="reports") == 1
+    assert value(found, "celery_task_sent_total", name="reports.build", queue_name="reports") == 1
+    assert value(found, "celery_task_started_total", name="reports.build", queue_name="reports") == 1
     assert (
         value(
             found,
             "celery_task_received_total",
             name="orders.created",
-            hostname="pod-a",
             queue_name="billing.orders.created",
         )
         == 1
     )
-    assert value(found, "celery_task_revoked_total", name="cleanup", hostname="pod-a", queue_name="celery") == 1
+    assert value(found, "celery_task_revoked_total", name="cleanup", queue_name="celery") == 1
 
 
 def test_a_tasks_first_series_of_a_worker_brings_its_other_worker_series_at_zero() -> None:
@@ -116,7 +127,7 @@ def test_a_tasks_first_series_of_a_worker_brings_its_other_worker_series_at_zero
     metrics = registry.service("shop", "billing")
     metrics.ingest(event("task-sent", "web", uuid="a", name="n", queue="q"), 1.0)
     metrics.ingest(event("task-failed", uuid="a", exception="KeyError('x')"), 1.0)
-    labels = {"name": "n", "hostname": "pod-a", "queue_name": "q"}
+    labels = {"name": "n", "queue_name": "q"}
     found = samples(registry)
     assert value(found, "celery_task_failed_total", exception="KeyError", **labels) == 1
     for kind in ("received", "started", "succeeded", "rejected", "revoked"):
@@ -148,12 +159,12 @@ def test_queue_wait_counts_from_sending_else_receipt_and_never_a_deliberate_dela
     ]:
         metrics.ingest(item, 1.0)
     found = samples(registry)
-    labels = {"name": "n", "hostname": "pod-a"}
+    labels = {"name": "n"}
     # "unsent" has no task-sent: Celery's default queue; the others were sent to "q"
     assert value(found, "celery_task_queue_wait_time_count", queue_name="q", **labels) == 3
     assert value(found, "celery_task_queue_wait_time_sum", queue_name="q", **labels) == pytest.approx(3.5)
     assert value(found, "celery_task_queue_wait_time_bucket", queue_name="q", le="0.05", **labels) == 1
-    assert value(found, "celery_task_queue_wait_time_bucket", queue_name="q", le="0.5", **labels) == 2
+    assert value(found, "celery_task_queue_wait_time_bucket", queue_name="q", le="1.0", **labels) == 2
     assert value(found, "celery_task_queue_wait_time_bucket", queue_name="q", le="5.0", **labels) == 3
     assert value(found, "celery_task_queue_wait_time_count", queue_name="celery", **labels) == 1
     assert value(found, "celery_task_queue_wait_time_sum", queue_name="celery", **labels) == pytest.approx(0.2)
@@ -208,7 +219,7 @@ def test_malformed_messages_are_counted_and_skipped(body: bytes) -> None:
     assert metrics.malformed == 1
     assert metrics.counters == {}
     metrics.ingest_message(json.dumps(event("task-received", uuid="t", name="n")).encode(), 1.0)
-    assert metrics.counters[("received", "n", "pod-a", "celery", "")] == 1
+    assert metrics.counters[("received", "n", W, "celery", "")] == 1
 
 
 def test_batched_events_and_unknown_types() -> None:
@@ -219,12 +230,12 @@ def test_batched_events_and_unknown_types() -> None:
         ).encode(),
         1.0,
     )
-    assert metrics.counters[("received", "n", "pod-a", "celery", "")] == 1
+    assert metrics.counters[("received", "n", W, "celery", "")] == 1
     assert metrics.dropped == 2
 
 
-def test_forget_worker_removes_every_series_and_ignores_late_events() -> None:
-    registry = MetricsRegistry()
+def test_forget_worker_removes_every_series_of_the_pod_and_ignores_late_events() -> None:
+    registry = MetricsRegistry(defaults=PER_POD)
     metrics = registry.service("shop", "billing")
     for worker in ("pod-a", "pod-b"):
         metrics.ingest(event("worker-heartbeat", worker, active=1), 1.0)
@@ -240,7 +251,7 @@ def test_forget_worker_removes_every_series_and_ignores_late_events() -> None:
 
 
 def test_sweep_keeps_live_pods_and_recently_heard_workers() -> None:
-    metrics = state.ServiceMetrics("shop", "billing")
+    metrics = state.ServiceMetrics("shop", "billing", settings=PER_POD)
     metrics.ingest(event("worker-heartbeat", "live-pod"), 0.0)
     metrics.ingest(event("worker-heartbeat", "laptop-worker"), 90.0)
     metrics.ingest(event("worker-heartbeat", "vanished-pod"), 0.0)
@@ -251,13 +262,14 @@ def test_sweep_keeps_live_pods_and_recently_heard_workers() -> None:
 
 
 def test_task_name_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state, "TASKS_KEPT", 3)
+    monkeypatch.setattr(bounds, "TASKS_KEPT", 3)
     metrics = state.ServiceMetrics("shop", "billing")
     for index in range(10):
         metrics.ingest(event("task-received", uuid=f"t{index}", name="n"), 1.0)
     assert len(metrics._tasks) == 3
     metrics.ingest(event("task-started", uuid="t0"), 1.0)
-    assert metrics.counters[("started", "unknown", "pod-a", "celery", "")] == 1
+    assert metrics.counters[("started", "unknown", W, "celery", "")] == 1
+    assert metrics.tasks_forgotten == 8, "7 received, then the started of one forgotten"
 
 
 def test_removing_a_service_removes_its_series() -> None:
@@ -295,9 +307,9 @@ def test_a_runtime_that_is_no_duration_counts_the_task_but_is_not_observed(runti
     body += runtime + "}"
     metrics.ingest_message(body.encode(), 1.0)
     metrics.ingest_message(json.dumps(event("task-succeeded", uuid="v", name="n", runtime=0.5)).encode(), 1.0)
-    assert metrics.counters[("succeeded", "n", "pod-a", "celery", "")] == 2
-    assert metrics.runtime.sums[("n", "pod-a", "celery")] == 0.5
-    assert sum(metrics.runtime.counts[("n", "pod-a", "celery")]) == 1
+    assert metrics.counters[("succeeded", "n", W, "celery", "")] == 2
+    assert metrics.runtime.sums[("n", W, "celery")] == 0.5
+    assert sum(metrics.runtime.counts[("n", W, "celery")]) == 1
 
 
 def test_an_oversized_task_failed_counts_as_a_failure_from_its_head_and_tail() -> None:
@@ -309,7 +321,7 @@ def test_an_oversized_task_failed_counts_as_a_failure_from_its_head_and_tail() -
     body = json.dumps(failed).encode()
     assert len(body) > 2 * state.MAX_EVENT_BYTES
     metrics.ingest_oversized(body[:32768], body[-32768:], len(body), 1.0)
-    assert metrics.counters[("failed", "orders.charge", "pod-a", "celery", "PaymentDeclined")] == 1
+    assert metrics.counters[("failed", "orders.charge", W, "celery", "PaymentDeclined")] == 1
     assert metrics.malformed == 0
 
 
@@ -362,7 +374,7 @@ def test_fuzzed_bodies_interleaved_with_good_events_never_raise_and_good_events_
         metrics.ingest_message(text.encode(), 1.0)
         metrics.ingest_message(json.dumps(event("task-received", uuid=f"g{round_}", name="good")).encode(), 1.0)
         good += 1
-    assert metrics.counters[("received", "good", "pod-a", "celery", "")] == good
+    assert metrics.counters[("received", "good", W, "celery", "")] == good
     assert all(math.isfinite(total) for total in metrics.runtime.sums.values())
     assert all(
         len(key[1]) <= state.MAX_LABEL_CHARS and len(key[2]) <= state.MAX_LABEL_CHARS for key in metrics.counters

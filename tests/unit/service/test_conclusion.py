@@ -502,3 +502,21 @@ def test_stuck_workers_are_named_in_workers_healthy_and_announced_once_each() ->
     message = next(c.message for c in found[2].status.conditions if c.type == "WorkersHealthy")
     assert message.startswith("w-1: no heartbeat for 130 s while Running; w-2: heartbeats but")
     assert events(found[4]) == [], "not judged: no Event"
+
+
+def test_metric_labels_past_their_bound_are_announced_once_per_label() -> None:
+    names = {"name": (4_900, 500)}
+    found = run(
+        status_passed(overflowing={}),
+        status_passed(overflowing=names),
+        status_passed(overflowing=names),
+        status_passed(overflowing={**names, "exception": (30, 20)}),
+    )
+    assert [events(c) for c in found] == [
+        [],
+        [("Warning", "MetricLabelsOverflowed")],
+        [],
+        [("Warning", "MetricLabelsOverflowed")],
+    ]
+    assert "exception classes" in found[3].events[0].message
+    assert "task names" not in found[3].events[0].message, "each label once"

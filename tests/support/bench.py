@@ -1,0 +1,35 @@
+"""What the benchmarks share: the emulated API with the CRD and the broker Secret, and a process's figures."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+from collections.abc import Iterator
+
+from celery_event_operator.api import crd
+from tests.support.kube import EmulatedApi
+
+
+@contextlib.contextmanager
+def emulated_cluster(workdir: pathlib.Path, broker_url: str) -> Iterator[EmulatedApi]:
+    """The emulated API (kubeconfig in `workdir`) with the CRD installed and the Secret `rabbitmq` of the broker."""
+    with EmulatedApi(workdir / "kubeconfig") as api:
+        api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.custom_resource_definition())
+        api.client.create(
+            "/api/v1/namespaces/default/secrets", {"metadata": {"name": "rabbitmq"}, "stringData": {"url": broker_url}}
+        )
+        yield api
+
+
+def rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time of a process so far (user and system), from /proc."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
