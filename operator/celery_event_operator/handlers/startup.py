@@ -20,6 +20,7 @@ async def connect(memo: kopf.Memo, **_: Any) -> None:
     # Shared by every resource's keeper (kopf copies the memo per object, not the objects in it).
     memo.context = Context.open(memo.options)
     await memo.context.ensure_peering()
+    memo.context.freeze_heap_later()
 
 
 @kopf.on.cleanup()
