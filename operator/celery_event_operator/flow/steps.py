@@ -9,7 +9,13 @@ import logging
 from typing import Any
 
 from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
-from celery_event_operator.errors import BrokerUnavailableError, KubeError, ManagementUnavailableError, OperatorError
+from celery_event_operator.errors import (
+    BrokerUnavailableError,
+    KubeError,
+    KubeUnavailableError,
+    ManagementUnavailableError,
+    OperatorError,
+)
 from celery_event_operator.flow.ports import ClusterAccess, ServiceBroker
 from celery_event_operator.injection import healing
 from celery_event_operator.lifecycle import consumers, costs
@@ -95,6 +101,9 @@ async def scale_workers(
     try:
         if memory.scale is None or now - memory.scale_read_at > scale_max_age:
             await _read_scale(cluster, namespace, understood, memory, now)
+    except KubeUnavailableError:
+        if memory.scale is None:
+            return seen  # the API did not answer: nothing decided, asked again next pass
     except KubeError as exc:
         return dataclasses.replace(seen, scale_problem=str(exc))
     seen = dataclasses.replace(seen, scale_checked=True, workload=memory.scale)
@@ -117,6 +126,8 @@ async def scale_workers(
             return dataclasses.replace(seen, workload=memory.scale)
         current = memory.scale
         await cluster.set_scale(namespace, target, wish.replicas)
+    except KubeUnavailableError:
+        return seen  # the API did not answer: no change made, decided again next pass
     except KubeError as exc:
         return dataclasses.replace(seen, failed=str(exc))
     memory.scale = wish.replicas

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from celery_event_operator.api import conditions
 from celery_event_operator.api.metadata import DECLARED_ANNOTATION
 from celery_event_operator.api.models import CeleryEventServiceStatus, Condition, ConditionStatus
-from celery_event_operator.errors import BrokerRefusedError, UnsupportedOperationError
+from celery_event_operator.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
 from celery_event_operator.injection.outcome import WorkersOutcome
 from celery_event_operator.scaling.depths import counters
 from celery_event_operator.service.observations import (
@@ -64,6 +64,7 @@ class Announced:
     scale_problem: str | None = None  # why the workload's /scale cannot be read
     monitoring_failure: bool = False  # the events consumer's own failure
     stuck: frozenset[str] = frozenset()  # the pods announced stuck (one Event each, per episode)
+    settings_unavailable: str | None = None  # the Secret has not been readable for long (the API's fault)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,7 @@ def conclude(
     if seen.topology is not None:
         fields["observed_generation"] = seen.generation
         annotations |= _topology(state, seen.topology, seen.workers, seen.declared)
+        announced = _settings_unavailable(state, seen.settings_unavailable, announced)
     if seen.queues is not None:
         announced = _queues(fields, state, seen.queues, announced, autoscaling=_autoscaling(seen))
     if seen.scaling is not None:
@@ -188,7 +190,12 @@ def _scaling_wanted(seen: Observations) -> bool:
 
 
 def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
-    """WorkersConfigured: the settings exist, and how many pods run with the current ones."""
+    """WorkersConfigured: the settings exist, and how many pods run with the current ones. When the Kubernetes API
+    did not answer, the condition stays as the last pass found it (a blip the next pass absorbs is no change)."""
+    if workers.unavailable is not None:
+        if conditions.find(state.current, WORKERS_CONFIGURED) is None:
+            state.set(WORKERS_CONFIGURED, "Unknown", KubeUnavailableError.reason, workers.unavailable, announce=False)
+        return
     if workers.configmap_error is not None:
         state.set(WORKERS_CONFIGURED, "False", "ConfigMapFailed", workers.configmap_error)
         return
@@ -217,6 +224,8 @@ def _topology(
 ) -> dict[str, str]:
     """BrokerReachable, TopologyReady and Ready after a declare; the entities to remember."""
     failure = outcome.failure
+    if isinstance(failure, KubeUnavailableError) and _was_true(state, BROKER_REACHABLE):
+        return {}  # the Secret could not be read this time (the API's fault): nothing changed that is known
     if isinstance(failure, BrokerRefusedError | UnsupportedOperationError):
         state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
         state.set(TOPOLOGY_READY, "False", failure.reason, str(failure))
@@ -235,9 +244,9 @@ def _topology(
         message = "; ".join(problem.message for problem in report.problems)
         state.set(TOPOLOGY_READY, "False", "ArgumentMismatch", message)
         state.set(conditions.READY, "False", "TopologyMismatch", message, announce=False)
-    elif workers is not None and workers.configmap_error is not None:
+    elif (configmap_error := _configmap_error(state, workers)) is not None:
         state.set(TOPOLOGY_READY, "True", "Declared", f"{len(topology.queues)} queues declared")
-        state.set(conditions.READY, "False", "WorkersNotConfigured", workers.configmap_error, announce=False)
+        state.set(conditions.READY, "False", "WorkersNotConfigured", configmap_error, announce=False)
     else:
         message = f"{len(topology.queues)} queues and {len(topology.exchanges)} exchanges declared"
         if report.kept:
@@ -255,6 +264,30 @@ def _topology(
         )
     remembered = report.remembered(topology, declared)
     return {DECLARED_ANNOTATION: remembered.to_json()} if remembered != declared else {}
+
+
+def _was_true(state: _Conditions, type: str) -> bool:
+    found = conditions.find(state.previous, type)
+    return found is not None and found.status == "True"
+
+
+def _configmap_error(state: _Conditions, workers: WorkersOutcome | None) -> str | None:
+    """Why the workers' settings are not written: this pass's failure, or the last pass's while the API did not
+    answer this time."""
+    if workers is None:
+        return None
+    if workers.unavailable is None:
+        return workers.configmap_error
+    found = conditions.find(state.current, WORKERS_CONFIGURED)
+    return found.message if found is not None and found.reason == "ConfigMapFailed" else None
+
+
+def _settings_unavailable(state: _Conditions, problem: str | None, announced: Announced) -> Announced:
+    """The broker Secret has not been readable for long: the settings last read are still used (nothing else
+    changes), said once per episode."""
+    if problem is not None and announced.settings_unavailable is None:
+        state.events.append(EventNote("Warning", KubeUnavailableError.reason, problem))
+    return dataclasses.replace(announced, settings_unavailable=problem)
 
 
 def _queues(

@@ -91,3 +91,6 @@ class Observations:
     monitoring: MonitoringSeen | None = None
     lifecycle: LifecycleSeen | None = None
     evicted: Evicted | None = None
+    # The broker Secret has not been readable for long (the Kubernetes API does not answer): the settings last read
+    # are still used; why, said once.
+    settings_unavailable: str | None = None

@@ -98,12 +98,15 @@ class FakeCluster:
         self.calls: list[tuple[Any, ...]] = []
         self.scale: int | None = 1
         self.scale_failure: KubeError | None = None
+        self.workers_unavailable: str | None = None  # the API does not answer sync_workers' reads
         self.evictable = True
 
     async def sync_workers(
         self, *, owner: dict[str, Any], service: str, spec: CeleryEventServiceSpec, pod_hashes: list[str | None]
     ) -> WorkersOutcome:
         self.calls.append(("sync_workers", service))
+        if self.workers_unavailable is not None:
+            return WorkersOutcome("h1", unavailable=self.workers_unavailable)
         return count_pods("h1", pod_hashes)
 
     async def read_scale(self, namespace: str, target: ScaleTargetRef) -> int | None:

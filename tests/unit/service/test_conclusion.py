@@ -18,6 +18,8 @@ from celery_event_operator.errors import (
     BrokerUnavailableError,
     ImmutableFieldChangedError,
     InvalidSpecError,
+    KubeForbiddenError,
+    KubeUnavailableError,
     UnsupportedOperationError,
 )
 from celery_event_operator.injection.outcome import WorkersOutcome
@@ -127,6 +129,37 @@ def events(conclusion: Conclusion) -> list[tuple[str, str]]:
             },
             [("Warning", "BrokerSecretInvalid")],
             id="secret-invalid",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, failure=KubeUnavailableError("cannot read Secret x: HTTP 503"))),
+            {
+                "Ready": ("False", "KubernetesAPIUnavailable"),
+                "BrokerReachable": ("False", "KubernetesAPIUnavailable"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "KubernetesAPIUnavailable")],
+            id="secret-never-read-api-unavailable",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, failure=KubeForbiddenError("HTTP 403: lacks `get` on secrets"))),
+            {
+                "Ready": ("False", "KubernetesAPIForbidden"),
+                "BrokerReachable": ("False", "KubernetesAPIForbidden"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "KubernetesAPIForbidden")],
+            id="secret-forbidden",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", unavailable="cannot read ConfigMap default/x: HTTP 500")),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("Unknown", "KubernetesAPIUnavailable"),
+            },
+            [],
+            id="workers-never-checked-api-unavailable",
         ),
         pytest.param(
             reconciled(DeclareOutcome(TOPOLOGY, failure=ManagementURLRejectedError("another host"))),
@@ -294,6 +327,53 @@ def test_the_same_failure_again_posts_nothing_and_a_recovery_posts_one_event() -
     assert events(back) == [("Normal", "Connected")]
     broker = next(c for c in back.status.conditions if c.type == "BrokerReachable")
     assert broker.last_transition_time == "2026-01-01T00:02:00Z", "moved with the status, not with each pass"
+
+
+@pytest.mark.parametrize(
+    "blip",
+    [
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, failure=KubeUnavailableError("cannot read Secret x: HTTP 500"))),
+            id="secret-unread",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", unavailable="cannot read ConfigMap x: HTTP 429")), id="cm"
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", unavailable="cannot read Deployment x: HTTP 503")), id="target"
+        ),
+    ],
+)
+def test_a_blip_of_the_kubernetes_api_changes_nothing(blip: Observations) -> None:
+    """A 5xx/429 is no NotFound, no invalid Secret, no ConfigMapFailed: the conditions stay as the last pass left
+    them, with no Event; the next pass concludes afresh."""
+    workers = WorkersOutcome("h1", pods=1, pods_current=1)
+    ready, blipped, again = run(reconciled(workers=workers), blip, reconciled(workers=workers))
+    assert conditions(blipped) == conditions(ready) == conditions(again)
+    assert blipped.status.conditions == ready.status.conditions, "not even a transition time moved"
+    assert events(blipped) == events(again) == []
+
+
+def test_a_blip_keeps_a_configmap_failure_as_it_was() -> None:
+    failed, blipped = run(
+        reconciled(workers=WorkersOutcome("h1", configmap_error="cannot write ConfigMap x: HTTP 422")),
+        reconciled(workers=WorkersOutcome("h1", unavailable="cannot read ConfigMap x: HTTP 500")),
+    )
+    assert conditions(blipped) == conditions(failed)
+    assert conditions(blipped)["Ready"] == ("False", "WorkersNotConfigured")
+
+
+def test_a_secret_unreadable_for_long_is_said_once_and_nothing_else_changes() -> None:
+    lasting = "cannot read Secret x: the Kubernetes API does not answer (for 60 s; the settings last read are kept)"
+    ready, first, again, back = run(
+        reconciled(),
+        reconciled(settings_unavailable=lasting),
+        reconciled(settings_unavailable=lasting),
+        reconciled(),
+    )
+    assert conditions(first) == conditions(ready)
+    assert events(first) == [("Warning", "KubernetesAPIUnavailable")]
+    assert events(again) == events(back) == []
 
 
 def test_an_outage_keeps_the_counters_no_numbers_from_missing_data() -> None:
