@@ -34,7 +34,7 @@ class Context:
             cluster=Cluster(kube),
             brokers=Brokers(SecretReader(kube)),
             metrics=MetricsRegistry(options.runtime_buckets, options.queue_wait_buckets),
-            injections=InjectionCatalog(kube),
+            injections=InjectionCatalog(kube, tuple(options.namespaces)),
         )
         if options.metrics_port:
             serve_metrics(context.metrics, options.metrics_port, options.metrics_addr)
@@ -52,5 +52,6 @@ class Context:
                 logging.getLogger(__name__).warning("%s", exc)
 
     async def close(self) -> None:
+        self.injections.close()
         await self.brokers.close_all()
         self.kube.close()
