@@ -44,7 +44,7 @@ def service(name: str, **spec: Any) -> dict[str, Any]:
         "kind": "CeleryEventService",
         "metadata": {"name": name},
         "spec": {
-            "broker": {"secretRef": {"name": "rabbitmq", "key": "url"}},
+            "broker": {"secretRef": {"name": f"{name}-broker", "key": "url"}},
             "events": {"handlers": [{"name": HANDLER}]},
             "retry": {"maxRetries": 3},
             "statusIntervalSeconds": 3,
@@ -194,8 +194,8 @@ def test_an_api_server_having_a_bad_minute(
     rabbitmq_management: rabbitmq.Management,
     tmp_path: pathlib.Path,
 ) -> None:
-    create_broker_secret(kube_api, test_vhost_url)
-    for name in [*SERVICES, "s10"]:
+    for name in [*SERVICES, "s10"]:  # a Secret each (one broker): many Secret reads fall in the window
+        create_broker_secret(kube_api, test_vhost_url, name=f"{name}-broker")
         kube_api.client.create(DEPLOYMENTS, deployment(f"{name}-worker"))
     with FaultProxy(kube_api.url) as proxy:
         kubeconfig = proxy.write_kubeconfig(tmp_path / "faulty-kubeconfig")
