@@ -22,6 +22,7 @@ from typing import Any
 
 from celery_event_operator.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION
 from celery_event_operator.api.models import CeleryEventServiceStatus
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.errors import InvalidSpecError, KubeUnavailableError, OperatorError
 from celery_event_operator.flow import steps
 from celery_event_operator.flow.ports import KeeperContext, ServiceBroker
@@ -122,6 +123,7 @@ class ServiceKeeper:
         queues = scaling = None
         if self._refreshed_at is None and broker is not None:  # the first time, counters come with the conditions
             queues, scaling = await self._count(found, broker, pods)
+        alarms = await self._alarms(found, broker)
         seen = Observations(
             generation,
             found.spec,
@@ -132,6 +134,7 @@ class ServiceKeeper:
             scaling=scaling,
             monitoring=self._monitoring(found, broker),
             settings_unavailable=settings_unavailable,
+            alarms=alarms,
         )
         conclusion = self._conclude(body, seen)
         self.context.metrics.count_reconcile(conclusion.ready)
@@ -155,10 +158,13 @@ class ServiceKeeper:
                 lifecycle=lifecycle,
                 evicted=await self._heal(found, pods, lifecycle),
                 monitoring=self._monitoring(found, broker) if self._status is not None else None,
+                alarms=await self._alarms(found, broker),
             )
-            await self._write(body, self._conclude(body, seen), {}, None)
-            if broker.events.login_refused:
-                self.resync_requested.set()  # the Secret may have been rotated: read it again now
+            conclusion = self._conclude(body, seen)
+            await self._write(body, conclusion, {}, None)
+            if broker.events.login_refused or conclusion.resync:
+                # The Secret may have been rotated: read it again now; or a broker alarm cleared.
+                self.resync_requested.set()
 
     def _conclude(self, body: Mapping[str, Any], seen: Observations) -> Conclusion:
         previous = self._status if self._status is not None else status_of(body)
@@ -298,6 +304,16 @@ class ServiceKeeper:
         self._subscription = broker.events.subscribe(
             f"{self.namespace}/{service}", queue, event_exchange_name(service), metrics
         )
+
+    async def _alarms(self, understood: specs.Understood, broker: ServiceBroker | None) -> tuple[Alarm, ...] | None:
+        """The broker's resource alarms (listed once per broker and half interval); into the service's metrics."""
+        if broker is None:
+            return None
+        alarms = await steps.alarms(broker, understood.spec.status_interval_seconds / 2)
+        metrics = self.context.metrics.find(self.namespace, understood.service)
+        if metrics is not None:
+            metrics.broker_alarms = None if alarms is None else len(alarms)
+        return alarms
 
     def _monitoring(self, understood: specs.Understood, broker: ServiceBroker | None) -> MonitoringSeen:
         return steps.monitoring(understood.spec.monitoring.enabled, self._subscription, broker)

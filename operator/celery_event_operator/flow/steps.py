@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.errors import (
     BrokerUnavailableError,
     KubeError,
@@ -142,6 +143,14 @@ async def _read_scale(
     assert understood.spec.workers is not None
     memory.scale = await cluster.read_scale(namespace, understood.spec.workers.scale_target_ref)
     memory.scale_read_at = now
+
+
+async def alarms(broker: ServiceBroker, max_age: float) -> tuple[Alarm, ...] | None:
+    """The broker's resource alarms in effect; None when they cannot be seen (no management API)."""
+    try:
+        return await broker.alarms(max_age)
+    except ManagementUnavailableError:
+        return None
 
 
 def monitoring(enabled: bool, subscription: Subscription | None, broker: ServiceBroker | None) -> MonitoringSeen:

@@ -158,6 +158,11 @@ class EventsCollector(Collector):
             "Running worker pods that heartbeat but consume nothing while messages wait, or stopped heartbeating.",
             labels=SERVICE_LABELS,
         )
+        alarms = GaugeMetricFamily(
+            "celery_event_operator_broker_alarms",
+            "Resource alarms (memory, disk) in effect on the service's broker: while above 0 it blocks publishers.",
+            labels=SERVICE_LABELS,
+        )
         consumer_up = GaugeMetricFamily(
             "celery_event_operator_events_consumer_up",
             "1 while the service's events consumer consumes; 0 while it is not (its series then stand still).",
@@ -205,12 +210,15 @@ class EventsCollector(Collector):
                 desired_replicas.add_metric(service, metrics.desired_replicas)
             if metrics.stuck_workers is not None:
                 stuck.add_metric(service, metrics.stuck_workers)
+            if metrics.broker_alarms is not None:
+                alarms.add_metric(service, metrics.broker_alarms)
         yield from tasks.values()
         yield from (runtime, queue_wait, up, active, *queue_families.values(), consumers)
         yield from (
             replicas,
             desired_replicas,
             stuck,
+            alarms,
             consumer_up,
             consumed,
             malformed,

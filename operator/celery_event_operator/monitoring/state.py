@@ -146,6 +146,7 @@ class ServiceMetrics:
         self.replicas: int | None = None  # the workers' pods running, and their desired number (None: unknown)
         self.desired_replicas: int | None = None
         self.stuck_workers: int | None = None  # None: not judged
+        self.broker_alarms: int | None = None  # resource alarms of the service's broker; None: not seen
         self.events_consumed = 0
         self.consumer_connected = False  # set by the events connection: is this service's consumer live?
         self.malformed = 0

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from celery_event_operator.api import conditions
 from celery_event_operator.api.metadata import DECLARED_ANNOTATION
 from celery_event_operator.api.models import CeleryEventServiceStatus, Condition, ConditionStatus
+from celery_event_operator.broker.alarms import Alarm, describe
 from celery_event_operator.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
 from celery_event_operator.injection.outcome import WorkersOutcome
 from celery_event_operator.scaling.depths import counters
@@ -37,6 +38,7 @@ TOPOLOGY_READY = "TopologyReady"
 WORKERS_CONFIGURED = "WorkersConfigured"
 WORKERS_HEALTHY = "WorkersHealthy"
 MONITORING_READY = "MonitoringReady"
+BROKER_ALARM = "BrokerAlarm"
 _ORDER = {
     conditions.READY: 0,
     BROKER_REACHABLE: 1,
@@ -73,6 +75,7 @@ class Conclusion:
     events: tuple[EventNote, ...]
     annotations: dict[str, str]
     announced: Announced
+    resync: bool = False  # a reconcile should conclude the conditions afresh now (a broker alarm cleared)
 
     @property
     def ready(self) -> bool:
@@ -116,8 +119,14 @@ def conclude(
         _workers(state, seen.workers)
     if seen.topology is not None:
         fields["observed_generation"] = seen.generation
-        annotations |= _topology(state, seen.topology, seen.workers, seen.declared)
+        annotations |= _topology(state, seen.topology, seen.workers, seen.declared, seen.alarms)
         announced = _settings_unavailable(state, seen.settings_unavailable, announced)
+    resync = False
+    if seen.topology is None and seen.alarms is not None:  # a status pass
+        if seen.alarms:
+            _alarmed(state, seen.alarms)
+        else:
+            resync = _alarms_cleared(state)
     if seen.queues is not None:
         announced = _queues(fields, state, seen.queues, announced, autoscaling=_autoscaling(seen))
     if seen.scaling is not None:
@@ -129,7 +138,7 @@ def conclude(
     if seen.monitoring is not None:
         announced = _monitoring(state, seen.monitoring, announced)
     fields["conditions"] = sorted(state.current, key=lambda c: _ORDER.get(c.type, len(_ORDER)))
-    return Conclusion(previous.model_copy(update=fields), tuple(state.events), annotations, announced)
+    return Conclusion(previous.model_copy(update=fields), tuple(state.events), annotations, announced, resync)
 
 
 def conclude_deletion(outcome: DeclareOutcome) -> tuple[EventNote, ...]:
@@ -220,9 +229,14 @@ def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
 
 
 def _topology(
-    state: _Conditions, outcome: DeclareOutcome, workers: WorkersOutcome | None, declared: Declared
+    state: _Conditions,
+    outcome: DeclareOutcome,
+    workers: WorkersOutcome | None,
+    declared: Declared,
+    alarms: tuple[Alarm, ...] | None,
 ) -> dict[str, str]:
-    """BrokerReachable, TopologyReady and Ready after a declare; the entities to remember."""
+    """BrokerReachable, TopologyReady and Ready after a declare (and the broker's alarms); the entities to
+    remember."""
     failure = outcome.failure
     if isinstance(failure, KubeUnavailableError) and _was_true(state, BROKER_REACHABLE):
         return {}  # the Secret could not be read this time (the API's fault): nothing changed that is known
@@ -239,21 +253,27 @@ def _topology(
         state.set(conditions.READY, "False", reason, message, announce=False)
         return {}
     report, topology = outcome.report, outcome.topology
-    state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
+    if not alarms:
+        state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
+    ready: tuple[ConditionStatus, str, str]
     if report.problems:
         message = "; ".join(problem.message for problem in report.problems)
         state.set(TOPOLOGY_READY, "False", "ArgumentMismatch", message)
-        state.set(conditions.READY, "False", "TopologyMismatch", message, announce=False)
+        ready = ("False", "TopologyMismatch", message)
     elif (configmap_error := _configmap_error(state, workers)) is not None:
         state.set(TOPOLOGY_READY, "True", "Declared", f"{len(topology.queues)} queues declared")
-        state.set(conditions.READY, "False", "WorkersNotConfigured", configmap_error, announce=False)
+        ready = ("False", "WorkersNotConfigured", configmap_error)
     else:
         message = f"{len(topology.queues)} queues and {len(topology.exchanges)} exchanges declared"
         if report.kept:
             waiting = ", ".join(f"{q.name} ({q.messages} messages)" for q in report.kept)
             message += f"; no longer planned, removed once empty: {waiting}"
         state.set(TOPOLOGY_READY, "True", "Declared", message)
-        state.set(conditions.READY, "True", "Reconciled", f"service {topology.service!r}: {message}", announce=False)
+        ready = ("True", "Reconciled", f"service {topology.service!r}: {message}")
+    if alarms:
+        _alarmed(state, alarms)
+    else:
+        state.set(conditions.READY, *ready, announce=False)
     if report.recreated:
         state.events.append(
             EventNote("Normal", "Recreated", "recreated with the planned arguments: " + ", ".join(report.recreated))
@@ -264,6 +284,20 @@ def _topology(
         )
     remembered = report.remembered(topology, declared)
     return {DECLARED_ANNOTATION: remembered.to_json()} if remembered != declared else {}
+
+
+def _alarmed(state: _Conditions, alarms: tuple[Alarm, ...]) -> None:
+    """The broker blocks publishers: BrokerReachable and Ready say which alarm (one Warning); the topology and the
+    consumers are as they were."""
+    message = describe(alarms)
+    state.set(BROKER_REACHABLE, "False", BROKER_ALARM, message)
+    state.set(conditions.READY, "False", BROKER_ALARM, message, announce=False)
+
+
+def _alarms_cleared(state: _Conditions) -> bool:
+    """The alarm the status shows is no longer in effect: a reconcile concludes the conditions afresh."""
+    found = conditions.find(state.current, BROKER_REACHABLE)
+    return found is not None and found.reason == BROKER_ALARM
 
 
 def _was_true(state: _Conditions, type: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from celery_event_operator.api.models import CeleryEventServiceSpec
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.errors import InvalidSpecError
 from celery_event_operator.injection.outcome import WorkersOutcome
 from celery_event_operator.lifecycle.stuck import StuckWorker
@@ -94,3 +95,5 @@ class Observations:
     # The broker Secret has not been readable for long (the Kubernetes API does not answer): the settings last read
     # are still used; why, said once.
     settings_unavailable: str | None = None
+    # The broker's resource alarms in effect (it blocks publishers); None: not seen (no management API).
+    alarms: tuple[Alarm, ...] | None = None

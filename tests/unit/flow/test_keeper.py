@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from celery_event_operator.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
-from celery_event_operator.errors import BrokerSecretError, BrokerUnavailableError, KubeUnavailableError
+from celery_event_operator.broker.alarms import Alarm
+from celery_event_operator.errors import (
+    BrokerSecretError,
+    BrokerUnavailableError,
+    KubeUnavailableError,
+    ManagementUnavailableError,
+)
 from celery_event_operator.flow.keeper import ServiceKeeper
 from celery_event_operator.scaling.depths import QueueDepth
 from celery_event_operator.service.conclusion import EventNote
@@ -169,6 +175,30 @@ async def test_a_secret_gone_lets_go_of_broker_and_consumer() -> None:
     assert harness.brokers.users == 0
     assert harness.broker.events.subscriptions == []
     assert harness.condition("BrokerReachable") == ("False", "BrokerSecretInvalid")
+
+
+async def test_a_broker_alarm_is_shown_counted_and_its_end_reconciled() -> None:
+    harness = Harness(resource())
+    await harness.reconcile()
+    metrics = harness.context.metrics.find("shop", "billing")
+    assert metrics is not None
+    assert metrics.broker_alarms == 0
+    harness.broker.alarm_answer = (Alarm("memory", "rabbit@a"),)
+    await harness.status_pass()
+    assert harness.condition("Ready") == ("False", "BrokerAlarm")
+    assert harness.reasons() == ["BrokerAlarm"]
+    assert metrics.broker_alarms == 1
+    assert harness.broker.events.subscriptions, "the events consumer goes on (consumers are not blocked)"
+    harness.broker.alarm_answer = ()
+    await harness.status_pass()
+    assert harness.keeper.resync_requested.is_set()
+    await harness.reconcile()
+    assert harness.condition("Ready") == ("True", "Reconciled")
+    assert harness.reasons() == ["Connected"]
+    harness.broker.alarm_answer = ManagementUnavailableError("management API at http://h:15672: HTTP 404")
+    await harness.status_pass()
+    assert metrics.broker_alarms is None, "not seen without a management API"
+    assert harness.condition("Ready") == ("True", "Reconciled")
 
 
 async def test_a_status_pass_autoscales_and_says_so() -> None:

@@ -12,6 +12,7 @@ import pytest
 from celery_event_operator.api.metadata import DECLARED_ANNOTATION
 from celery_event_operator.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus, parse_spec
 from celery_event_operator.broker.address import ManagementURLRejectedError
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.errors import (
     BrokerRefusedError,
     BrokerSecretError,
@@ -149,6 +150,26 @@ def events(conclusion: Conclusion) -> list[tuple[str, str]]:
             },
             [("Warning", "KubernetesAPIForbidden")],
             id="secret-forbidden",
+        ),
+        pytest.param(
+            reconciled(alarms=(Alarm("memory", "rabbit@a"),)),
+            {
+                "Ready": ("False", "BrokerAlarm"),
+                "BrokerReachable": ("False", "BrokerAlarm"),
+                "TopologyReady": ("True", "Declared"),
+            },
+            [("Warning", "BrokerAlarm")],
+            id="broker-alarm",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down")), alarms=(Alarm("disk", "r@a"),)),
+            {
+                "Ready": ("False", "BrokerUnreachable"),
+                "BrokerReachable": ("False", "BrokerUnreachable"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "BrokerUnreachable")],
+            id="unreachable-before-alarm",
         ),
         pytest.param(
             reconciled(workers=WorkersOutcome("h1", unavailable="cannot read ConfigMap default/x: HTTP 500")),
@@ -374,6 +395,36 @@ def test_a_secret_unreadable_for_long_is_said_once_and_nothing_else_changes() ->
     assert conditions(first) == conditions(ready)
     assert events(first) == [("Warning", "KubernetesAPIUnavailable")]
     assert events(again) == events(back) == []
+
+
+def test_a_broker_alarm_is_seen_in_status_passes_and_its_end_asks_for_a_reconcile() -> None:
+    """A memory alarm: one Warning naming it (whichever pass sees it first, none again), no change while it lasts or
+    while the alarms cannot be seen, and when it clears a reconcile concludes afresh (one Normal Event)."""
+    memory = (Alarm("memory", "rabbit@a"),)
+    ready, alarmed, still, reconciled_meanwhile, unseen, cleared, back = run(
+        reconciled(alarms=()),
+        status_passed(alarms=memory),
+        status_passed(alarms=memory),
+        reconciled(alarms=memory),
+        status_passed(alarms=None),
+        status_passed(alarms=()),
+        reconciled(alarms=()),
+    )
+    assert conditions(ready)["Ready"] == ("True", "Reconciled")
+    assert events(alarmed) == [("Warning", "BrokerAlarm")]
+    assert conditions(alarmed)["Ready"] == conditions(alarmed)["BrokerReachable"] == ("False", "BrokerAlarm")
+    message = next(c.message for c in alarmed.status.conditions if c.type == "Ready")
+    assert "memory alarm on node rabbit@a" in message
+    assert "cannot publish retries, archives or events" in message
+    for later in (still, reconciled_meanwhile, unseen):
+        assert events(later) == []
+        assert conditions(later) == conditions(alarmed)
+        assert not later.resync
+    assert cleared.resync, "the status pass asks for a reconcile"
+    assert conditions(cleared) == conditions(alarmed)
+    assert events(back) == [("Normal", "Connected")]
+    assert conditions(back) == conditions(ready)
+    assert not back.resync
 
 
 def test_an_outage_keeps_the_counters_no_numbers_from_missing_data() -> None:
