@@ -28,7 +28,8 @@ REFRESH_SECONDS = 5.0
 # webhook's own deadline is the chart's 5 s timeout).
 MISS_REFRESH_SECONDS = 1.0
 MISS_WAIT_SECONDS = 1.0
-# Namespaces learnt from pods (cluster-wide) are kept current while asked about, at most this many.
+# A namespace is kept current while its pods asked in this long (and the served ones from the start), at most this
+# many at once: one listing per namespace and REFRESH_SECONDS, not for namespaces whose pods do not change.
 IDLE_SECONDS = 600.0
 MAX_NAMESPACES = 1000
 
@@ -62,10 +63,12 @@ class _Namespace:
 
 class InjectionCatalog:
     def __init__(self, kube: AsyncKubeApi, served: tuple[str, ...] = ()) -> None:
-        """`served`: the namespaces the operator serves (cluster-wide: none, and namespaces are learnt from pods)."""
+        """`served`: the namespaces the operator serves, listed from the start (cluster-wide: none; namespaces are
+        learnt from the pods)."""
         self._kube = kube
-        self._served = frozenset(served)
-        self._namespaces: dict[str, _Namespace] = {namespace: _Namespace() for namespace in served}
+        self._namespaces: dict[str, _Namespace] = {
+            namespace: _Namespace(asked_at=time.monotonic()) for namespace in served[:MAX_NAMESPACES]
+        }
         # A generation's spec never changes: rendered once, however many pods and re-reads.
         self._by_generation = specs.GenerationCache[pod.Injection | None]()
         self._refresher: asyncio.Task[None] | None = None
@@ -111,17 +114,16 @@ class InjectionCatalog:
         while True:
             now = time.monotonic()
             for namespace, known in list(self._namespaces.items()):
-                if namespace not in self._served and now - known.asked_at > IDLE_SECONDS:
-                    del self._namespaces[namespace]  # no pod of it asked for a long while
+                if now - known.asked_at > IDLE_SECONDS:
+                    del self._namespaces[namespace]  # no pod of it asked for a long while: not listed, not kept
                 elif now - known.read_at >= REFRESH_SECONDS:
                     await asyncio.shield(self._list(namespace, known))
             await asyncio.sleep(REFRESH_SECONDS / 5)
 
     def _bound(self) -> None:
         """At most MAX_NAMESPACES are kept current: those asked about longest ago go first."""
-        while len(self._namespaces) > MAX_NAMESPACES + len(self._served):
-            unserved = [name for name in self._namespaces if name not in self._served]
-            oldest = min(unserved, key=lambda name: self._namespaces[name].asked_at)
+        while len(self._namespaces) > MAX_NAMESPACES:
+            oldest = min(self._namespaces, key=lambda name: self._namespaces[name].asked_at)
             dropped = self._namespaces.pop(oldest)
             if dropped.listing is not None:
                 dropped.listing.cancel()

@@ -264,6 +264,7 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
         "CeleryTaskFailureRate",
         "CeleryQueueWithoutConsumers",
         "CeleryEventsNotConsumed",
+        "CeleryBrokerAlarm",
         "CeleryEventOperatorReconcileFailures",
     }
     registry = MetricsRegistry()
