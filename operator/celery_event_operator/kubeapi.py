@@ -302,6 +302,9 @@ class KubeApi:
             kubernetes.config.load_kube_config(
                 config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
             )
+        # urllib3 would sleep out a 429's or 503's Retry-After on a thread of the small pool, however long: the
+        # reads' own retry (AsyncKubeApi.read) waits on the event loop, and only as long as a pass may.
+        configuration.retries = urllib3.util.Retry(total=3, respect_retry_after_header=False)
         return cls(kubernetes.client.ApiClient(configuration))
 
     def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
