@@ -31,6 +31,8 @@ CACHE_SECONDS = 10.0
 # its last good data served; only after this long without an answer is that reported.
 UNAVAILABLE_BACKOFF_SECONDS = 1.0
 UNAVAILABLE_GRACE_SECONDS = 60.0
+# What is known of a Secret no service asked for this long is forgotten.
+FORGET_SECONDS = 600.0
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class _Read:
     unavailable_since: float | None = None  # the API has not answered since then
     unavailable: KubeUnavailableError | None = None
     attempts: int = 0  # reads the API did not answer in a row
+    asked_at: float = -float("inf")  # a service last asked for it
 
 
 class SecretReader:
@@ -108,6 +111,7 @@ class SecretReader:
         self._cache_seconds = cache_seconds
         self._read: dict[tuple[str, str], _Read] = {}
         self._reading: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._swept_at = time.monotonic()
 
     async def settings(self, namespace: str, spec: CeleryEventServiceSpec) -> BrokerSettings:
         name = spec.broker.secret_ref.name
@@ -122,7 +126,9 @@ class SecretReader:
 
     async def _data(self, namespace: str, name: str) -> dict[str, str]:
         key = (namespace, name)
+        self._sweep()
         known = self._read.setdefault(key, _Read())
+        known.asked_at = time.monotonic()
         if time.monotonic() >= known.next_read:
             reading = self._reading.get(key)
             if reading is None:
@@ -140,6 +146,16 @@ class SecretReader:
                 )
         assert known.data is not None
         return known.data
+
+    def _sweep(self) -> None:
+        """Secrets no service asked for in FORGET_SECONDS are forgotten (a service moved to another, or is gone)."""
+        now = time.monotonic()
+        if now - self._swept_at < FORGET_SECONDS / 10:
+            return
+        self._swept_at = now
+        for key, known in list(self._read.items()):
+            if now - known.asked_at > FORGET_SECONDS and key not in self._reading:
+                del self._read[key]
 
     async def _fetch(self, key: tuple[str, str], known: _Read) -> None:
         try:

@@ -118,7 +118,8 @@ def conclude(
     if seen.workers is not None:
         _workers(state, seen.workers)
     if seen.topology is not None:
-        fields["observed_generation"] = seen.generation
+        if not _unread(state, seen.topology):
+            fields["observed_generation"] = seen.generation
         annotations |= _topology(state, seen.topology, seen.workers, seen.declared, seen.alarms)
         announced = _settings_unavailable(state, seen.settings_unavailable, announced)
     resync = False
@@ -238,7 +239,7 @@ def _topology(
     """BrokerReachable, TopologyReady and Ready after a declare (and the broker's alarms); the entities to
     remember."""
     failure = outcome.failure
-    if isinstance(failure, KubeUnavailableError) and _was_true(state, BROKER_REACHABLE):
+    if _unread(state, outcome):
         return {}  # the Secret could not be read this time (the API's fault): nothing changed that is known
     if isinstance(failure, BrokerRefusedError | UnsupportedOperationError):
         state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
@@ -300,8 +301,12 @@ def _alarms_cleared(state: _Conditions) -> bool:
     return found is not None and found.reason == BROKER_ALARM
 
 
-def _was_true(state: _Conditions, type: str) -> bool:
-    found = conditions.find(state.previous, type)
+def _unread(state: _Conditions, outcome: DeclareOutcome) -> bool:
+    """The Secret of a service that was reachable could not be read this time (the API did not answer): nothing
+    was done, and the status stays as it was — its observedGeneration too."""
+    if not isinstance(outcome.failure, KubeUnavailableError):
+        return False
+    found = conditions.find(state.previous, BROKER_REACHABLE)
     return found is not None and found.status == "True"
 
 

@@ -130,3 +130,13 @@ async def test_forget_reads_again_and_keeps_the_data_through_a_fault(clock: _Clo
     secrets.answer = UNAVAILABLE
     assert await reader.settings("shop", SPEC) == first
     assert secrets.reads == 2
+
+
+async def test_a_secret_no_service_asks_for_is_forgotten(clock: _Clock) -> None:
+    secrets = _Secrets()
+    reader = _reader(secrets)
+    await reader.settings("shop", SPEC)
+    other = parse_spec({"broker": {"secretRef": {"name": "other"}}})
+    clock.now += secret.FORGET_SECONDS + 1
+    await reader.settings("shop", other)
+    assert set(reader._read) == {("shop", "other")}

@@ -375,6 +375,12 @@ def test_a_blip_of_the_kubernetes_api_changes_nothing(blip: Observations) -> Non
     assert events(blipped) == events(again) == []
 
 
+def test_a_spec_whose_secret_could_not_be_read_is_not_observed() -> None:
+    unread = DeclareOutcome(TOPOLOGY, failure=KubeUnavailableError("cannot read Secret x: HTTP 500"))
+    _, changed = run(reconciled(), dataclasses.replace(reconciled(unread), generation=4))
+    assert changed.status.observed_generation == 3
+
+
 def test_a_blip_keeps_a_configmap_failure_as_it_was() -> None:
     failed, blipped = run(
         reconciled(workers=WorkersOutcome("h1", configmap_error="cannot write ConfigMap x: HTTP 422")),
