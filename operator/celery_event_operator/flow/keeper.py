@@ -117,7 +117,7 @@ class ServiceKeeper:
         self._api_retry = (
             settings_unavailable is not None
             or workers.unavailable is not None
-            or (isinstance(unusable, KubeUnavailableError))
+            or isinstance(unusable, KubeUnavailableError)
         )
         await self._follow_events(found, broker)
         queues = scaling = None
