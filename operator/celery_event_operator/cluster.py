@@ -20,7 +20,7 @@ class Cluster:
         return await workers.sync(self.kube, owner=owner, service=service, spec=spec, pod_hashes=pod_hashes)
 
     async def read_scale(self, namespace: str, target: ScaleTargetRef) -> int | None:
-        found = await self.kube.call(self.kube.api.read_scale, namespace, target.kind, target.name)
+        found = await self.kube.read(self.kube.api.read_scale, namespace, target.kind, target.name)
         return None if found is None else found[0]
 
     async def set_scale(self, namespace: str, target: ScaleTargetRef, replicas: int) -> None:

@@ -78,3 +78,20 @@ class NotFoundError(KubeError):
     """The object asked for does not exist."""
 
     reason = "NotFound"
+
+
+class KubeUnavailableError(KubeError):
+    """The Kubernetes API did not answer this time (a 5xx, a 429, a timeout, a broken connection): the API's
+    passing fault, never the user's. Whoever meets it keeps what it knew and asks again later."""
+
+    reason = "KubernetesAPIUnavailable"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds the API asked to wait (429's Retry-After)
+
+
+class KubeForbiddenError(KubeError):
+    """The operator's identity may not make a call (HTTP 403): the message names the permission it lacks."""
+
+    reason = "KubernetesAPIForbidden"

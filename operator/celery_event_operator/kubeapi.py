@@ -15,11 +15,18 @@ from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from celery_event_operator.api.metadata import GROUP
 from celery_event_operator.api.models import PLURAL, REPLAY_PLURAL, VERSION
-from celery_event_operator.errors import BrokerSecretError, KubeError, NotFoundError
+from celery_event_operator.errors import (
+    BrokerSecretError,
+    KubeError,
+    KubeForbiddenError,
+    KubeUnavailableError,
+    NotFoundError,
+)
 
 # (API group, resource, verb) of every call the operator process makes (kopf's included). The chart's rules
 # grant exactly these (tests/unit/chart/test_chart.py), and every request of the running operator under the
@@ -81,31 +88,59 @@ API_CALLS = (
 T = TypeVar("T")
 P = ParamSpec("P")
 
+# A read the API did not answer is asked again after these pauses (or its Retry-After, up to the maximum).
+READ_RETRY_PAUSES = (0.2, 0.6)
+READ_RETRY_WAIT_MAX = 2.0
+
 WORKLOAD_PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
 
 
+def failure(exc: ApiException, action: str, needs: str) -> KubeError:
+    """An API error by what it means: the object is absent (404), the operator lacks a permission (403: `needs`
+    names it), the API did not answer this time (429, 5xx: its fault, asked again later), anything else. The
+    response body, which may echo data, stays out."""
+    text = f"{action}: HTTP {exc.status} {exc.reason}"
+    if exc.status == 404:
+        return NotFoundError(text)
+    if exc.status == 403:
+        return KubeForbiddenError(f"{text}: the operator's RBAC lacks {needs}")
+    if exc.status == 429 or exc.status >= 500:
+        return KubeUnavailableError(text, retry_after=_retry_after(exc))
+    return KubeError(text)
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    value = (exc.headers or {}).get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
 @contextlib.contextmanager
-def _reported(action: str) -> Iterator[None]:
-    """An API failure as a KubeError naming the action (the response body, maybe with data, stays out)."""
+def _reported(action: str, needs: str) -> Iterator[None]:
+    """An API failure as a KubeError naming the action; no answer at all (a timeout, a refused or broken
+    connection) is the API's passing fault."""
     try:
         yield
     except ApiException as exc:
-        raise KubeError(f"{action}: HTTP {exc.status} {exc.reason}") from None
+        raise failure(exc, action, needs) from None
+    except urllib3.exceptions.HTTPError as exc:
+        raise KubeUnavailableError(f"{action}: no answer ({type(exc).__name__})") from None
 
 
-def _unless_absent(call: Callable[[], T], action: str) -> T | None:
+def _unless_absent(call: Callable[[], T], action: str, needs: str) -> T | None:
     """The call's result; None on 404; a KubeError naming the action otherwise."""
     try:
-        return call()
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise KubeError(f"{action}: HTTP {exc.status} {exc.reason}") from None
+        with _reported(action, needs):
+            return call()
+    except NotFoundError:
+        return None
 
 
-def _object_unless_absent(call: Callable[[], object], what: str) -> dict[str, Any] | None:
+def _object_unless_absent(call: Callable[[], object], what: str, needs: str) -> dict[str, Any] | None:
     """A custom-objects read: the object as a dict; None on 404; a KubeError otherwise."""
-    found = _unless_absent(call, f"cannot read {what}")
+    found = _unless_absent(call, f"cannot read {what}", needs)
     if found is None:
         return None
     if not isinstance(found, dict):
@@ -123,12 +158,16 @@ class KubeApi:
         configmap = _unless_absent(
             lambda: self._core.read_namespaced_config_map(name, namespace, _request_timeout=10),
             f"cannot read ConfigMap {namespace}/{name}",
+            f"`get` on configmaps in namespace {namespace}",
         )
         return None if configmap is None else dict(configmap.data or {})
 
     def write_configmap(self, namespace: str, body: dict[str, Any], *, exists: bool) -> None:
         name = body["metadata"]["name"]
-        with _reported(f"cannot write ConfigMap {namespace}/{name}"):
+        verb = "patch" if exists else "create"
+        with _reported(
+            f"cannot write ConfigMap {namespace}/{name}", f"`{verb}` on configmaps in namespace {namespace}"
+        ):
             if exists:
                 self._core.patch_namespaced_config_map(name, namespace, {"data": body["data"]}, _request_timeout=10)
             else:
@@ -142,6 +181,7 @@ class KubeApi:
                 "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10
             ),
             f"{kind} {namespace}/{name}",
+            f"`get` on {WORKLOAD_PLURALS[kind]}.apps in namespace {namespace}",
         )
         if workload is None:
             return None
@@ -150,14 +190,15 @@ class KubeApi:
 
     def annotate_template(self, namespace: str, kind: str, name: str, annotations: dict[str, str]) -> None:
         patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
-        with _reported(f"cannot patch {kind} {namespace}/{name}"):
+        needs = f"`patch` on {WORKLOAD_PLURALS[kind]}.apps in namespace {namespace}"
+        with _reported(f"cannot patch {kind} {namespace}/{name}", needs):
             self._custom.patch_namespaced_custom_object(
                 "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, patch, _request_timeout=10
             )
 
     def list_pod_annotations(self, namespace: str, label_selector: str) -> list[dict[str, str]]:
         """The annotations of every pod matching the selector that is not being deleted."""
-        with _reported(f"cannot list pods in {namespace}"):
+        with _reported(f"cannot list pods in {namespace}", f"`list` on pods in namespace {namespace}"):
             pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector, _request_timeout=10)
         return [
             dict(pod.metadata.annotations or {})
@@ -172,20 +213,24 @@ class KubeApi:
                 name, namespace, {"metadata": {"annotations": annotations}}, _request_timeout=10
             ),
             f"cannot annotate pod {namespace}/{name}",
+            f"`patch` on pods in namespace {namespace}",
         )
 
     def evict_pod(self, namespace: str, name: str) -> bool:
         """Evict through the Eviction API: True when evicted (or already gone), False when a
         PodDisruptionBudget refuses it now (HTTP 429)."""
         body: Any = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        needs = f"`create` on pods/eviction in namespace {namespace}"
         try:
-            self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=10)
-        except ApiException as exc:
-            if exc.status == 429:
-                return False
-            if exc.status == 404:
-                return True
-            raise KubeError(f"cannot evict pod {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
+            with _reported(f"cannot evict pod {namespace}/{name}", needs):
+                try:
+                    self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=10)
+                except ApiException as exc:
+                    if exc.status == 429:  # a PodDisruptionBudget holds (or the API asks to wait): later
+                        return False
+                    raise
+        except NotFoundError:
+            return True
         return True
 
     def read_scale(self, namespace: str, kind: str, name: str) -> tuple[int, int] | None:
@@ -195,6 +240,7 @@ class KubeApi:
                 "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10
             ),
             f"the scale of {kind} {namespace}/{name}",
+            f"`get` on {WORKLOAD_PLURALS[kind]}/scale.apps in namespace {namespace}",
         )
         if scale is None:
             return None
@@ -202,7 +248,8 @@ class KubeApi:
         return desired, int((scale.get("status") or {}).get("replicas") or 0)
 
     def set_scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
-        with _reported(f"cannot scale {kind} {namespace}/{name}"):
+        needs = f"`patch` on {WORKLOAD_PLURALS[kind]}/scale.apps in namespace {namespace}"
+        with _reported(f"cannot scale {kind} {namespace}/{name}", needs):
             self._custom.patch_namespaced_custom_object_scale(
                 "apps",
                 "v1",
@@ -220,6 +267,7 @@ class KubeApi:
                 GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=10
             ),
             f"cannot patch the status of {namespace}/{name}",
+            f"`patch` on {PLURAL}/status.{GROUP} in namespace {namespace}",
         )
 
     def patch_replay_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
@@ -229,10 +277,13 @@ class KubeApi:
                 GROUP, VERSION, namespace, REPLAY_PLURAL, name, {"status": status}, _request_timeout=10
             ),
             f"cannot patch the status of replay {namespace}/{name}",
+            f"`patch` on {REPLAY_PLURAL}/status.{GROUP} in namespace {namespace}",
         )
 
     def create_replay(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        with _reported(f"cannot create a CeleryEventReplay in {namespace}"):
+        with _reported(
+            f"cannot create a CeleryEventReplay in {namespace}", f"`create` on {REPLAY_PLURAL}.{GROUP} in {namespace}"
+        ):
             created = self._custom.create_namespaced_custom_object(
                 GROUP, VERSION, namespace, REPLAY_PLURAL, body, _request_timeout=10
             )
@@ -246,6 +297,7 @@ class KubeApi:
                 GROUP, VERSION, namespace, REPLAY_PLURAL, name, _request_timeout=10
             ),
             f"CeleryEventReplay {namespace}/{name}",
+            f"`get` on {REPLAY_PLURAL}.{GROUP} in namespace {namespace}",
         )
         if found is None:
             raise NotFoundError(f"CeleryEventReplay {namespace}/{name} was deleted")
@@ -268,19 +320,17 @@ class KubeApi:
 
     def list_services(self, namespace: str) -> list[dict[str, Any]]:
         """Every CeleryEventService of a namespace (the webhook's short deadline: a short timeout)."""
-        with _reported(f"cannot list the CeleryEventServices of {namespace}"):
+        needs = f"`list` on {PLURAL}.{GROUP} in namespace {namespace}"
+        with _reported(f"cannot list the CeleryEventServices of {namespace}", needs):
             listed = self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _request_timeout=3)
         items: list[dict[str, Any]] = listed.get("items") or [] if isinstance(listed, dict) else []
         return items
 
     def read_service(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
+        with _reported(f"CeleryEventService {namespace}/{name}", f"`get` on {PLURAL}.{GROUP} in namespace {namespace}"):
             body = self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, _request_timeout=10
             )
-        except ApiException as exc:
-            error = NotFoundError if exc.status == 404 else KubeError
-            raise error(f"CeleryEventService {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
         if not isinstance(body, dict):
             raise KubeError(f"CeleryEventService {namespace}/{name}: the API answered with no object")
         return body
@@ -295,16 +345,19 @@ class KubeApi:
             kubernetes.config.load_kube_config(
                 config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
             )
+        # urllib3 would sleep out a 429's or 503's Retry-After on a thread of the small pool, however long: the
+        # reads' own retry (AsyncKubeApi.read) waits on the event loop, and only as long as a pass may.
+        configuration.retries = urllib3.util.Retry(total=3, respect_retry_after_header=False)
         return cls(kubernetes.client.ApiClient(configuration))
 
     def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
         """The Secret's keys whose values are UTF-8 text (others are left out); never log the result."""
+        # Absent: the user's to fix (BrokerSecretInvalid); no answer, or no permission: the API's or the operator's.
         try:
-            secret = self._core.read_namespaced_secret(name, namespace, _request_timeout=10)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise BrokerSecretError(f"Secret {namespace}/{name} does not exist") from None
-            raise BrokerSecretError(f"cannot read Secret {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
+            with _reported(f"cannot read Secret {namespace}/{name}", f"`get` on secrets in namespace {namespace}"):
+                secret = self._core.read_namespaced_secret(name, namespace, _request_timeout=10)
+        except NotFoundError:
+            raise BrokerSecretError(f"Secret {namespace}/{name} does not exist") from None
         data: dict[str, str] = {}
         for key, encoded in (secret.data or {}).items():
             with contextlib.suppress(ValueError, UnicodeDecodeError, TypeError):
@@ -318,6 +371,7 @@ class KubeApi:
                 GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"annotations": annotations}}, _request_timeout=10
             ),
             f"cannot annotate {namespace}/{name}",
+            f"`patch` on {PLURAL}.{GROUP} in namespace {namespace}",
         )
 
 
@@ -333,6 +387,20 @@ class AsyncKubeApi:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, functools.partial(method, *args, **kwargs)
         )
+
+    async def read(self, method: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """A read, asked again after a short pause when the API did not answer (a blip the next try absorbs);
+        KubeUnavailableError when it still does not, or asks for a longer wait than READ_RETRY_WAIT_MAX."""
+        pauses = iter(READ_RETRY_PAUSES)
+        while True:
+            try:
+                return await self.call(method, *args, **kwargs)
+            except KubeUnavailableError as exc:
+                pause = next(pauses, None)
+                wait = exc.retry_after if exc.retry_after is not None else pause
+                if pause is None or wait is None or wait > READ_RETRY_WAIT_MAX:
+                    raise
+                await asyncio.sleep(wait)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)

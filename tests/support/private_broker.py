@@ -25,9 +25,11 @@ class PrivateRabbit:
         base: pathlib.Path,
         tls: tuple[pathlib.Path, pathlib.Path] | None = None,
         client_ca: pathlib.Path | None = None,
+        management: bool = False,
     ) -> None:
         """`tls`: a certificate (also the CA) and its key, for an amqps:// listener beside the plain one;
-        `client_ca`: the listener then requires a client certificate signed by it."""
+        `client_ca`: the listener then requires a client certificate signed by it; `management`: the management
+        API on a port of its own (`management_url`)."""
         self.base = base
         self.client_ca = client_ca
         self.name = f"ceo-private-{secrets.token_hex(3)}@localhost"
@@ -37,6 +39,8 @@ class PrivateRabbit:
         self.tls = tls
         self.tls_port = free_port()
         self.tls_url = f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
+        self.management_port = free_port() if management else None
+        self.management_url = f"http://127.0.0.1:{self.management_port}" if management else None
 
     def _env(self) -> dict[str, str]:
         return {
@@ -68,8 +72,12 @@ class PrivateRabbit:
                 f"ssl_options.verify = {verify}\n"
                 f"ssl_options.fail_if_no_peer_cert = {'true' if self.client_ca else 'false'}\n"
             )
+        plugins = "[]"
+        if self.management_port is not None:
+            config += f"management.tcp.port = {self.management_port}\nmanagement.tcp.ip = 127.0.0.1\n"
+            plugins = "[rabbitmq_management]"
         (self.base / "rabbitmq.conf").write_text(config)
-        (self.base / "enabled_plugins").write_text("[].\n")
+        (self.base / "enabled_plugins").write_text(f"{plugins}.\n")
         shutil.chown(self.base, "rabbitmq", "rabbitmq")
         for path in self.base.rglob("*"):
             shutil.chown(path, "rabbitmq", "rabbitmq")
@@ -77,6 +85,8 @@ class PrivateRabbit:
     def _accepts(self) -> bool:
         """Whether every listener accepts: the TLS one opens after the plain one (ssl started, certificates read)."""
         ports = (self.port,) if self.tls is None else (self.port, self.tls_port)
+        if self.management_port is not None:
+            ports += (self.management_port,)
         return all(accepts(port) for port in ports)
 
     def start(self, timeout: float = 90) -> PrivateRabbit:
@@ -103,6 +113,17 @@ class PrivateRabbit:
             waiting.eventually(
                 lambda: not self._accepts() and (vm is None or not _alive(vm)), timeout=timeout, interval=0.2
             )
+
+    def set_memory_watermark(self, fraction: float) -> None:
+        """`rabbitmqctl set_vm_memory_high_watermark`: a tiny fraction raises the memory alarm (the broker blocks
+        publishers), 0.4 (the default) clears it."""
+        subprocess.run(
+            ["rabbitmqctl", "-n", self.name, "set_vm_memory_high_watermark", str(fraction)],
+            env=self._env(),
+            check=True,
+            timeout=60,
+            capture_output=True,
+        )
 
     def _vm_pid(self) -> int | None:
         try:

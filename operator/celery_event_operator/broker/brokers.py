@@ -17,6 +17,7 @@ import logging
 import amqp
 
 from celery_event_operator.api.models import CeleryEventServiceSpec
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.broker.control import ControlConnection
 from celery_event_operator.broker.management import QueueListing
 from celery_event_operator.broker.secret import BrokerSettings, SecretReader
@@ -79,6 +80,9 @@ class Broker:
 
     async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
         return await self.listing.consumers(max_age)
+
+    async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
+        return await self.listing.alarms(max_age)
 
     async def close(self) -> None:
         await self.events.close()

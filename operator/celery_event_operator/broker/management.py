@@ -7,7 +7,8 @@ unacknowledged ones too, and one paged listing of the vhost (`columns=` keeps it
 thousand services at once, so the status pass costs O(vhosts) per interval, not O(services). The API's
 figures are the broker's statistics, refreshed every few seconds (RabbitMQ's collect_statistics_interval,
 5 s by default): they lag by that much. The consumers (for the workers' lifecycle) are listed the same way:
-the vhost's consumers and its connections, each once per interval, whatever the number of services.
+the vhost's consumers and its connections, each once per interval, whatever the number of services; and so are
+the broker's resource alarms (`/api/health/checks/alarms`), which a consumer-only connection is never told of.
 
 The credentials go to the management URL only after `BrokerAddress.management_url` checked that it names
 the broker's own host (https when the broker speaks TLS).
@@ -25,6 +26,7 @@ from typing import Any, Generic, TypeVar
 import aiohttp
 
 from celery_event_operator.broker.address import BrokerAddress
+from celery_event_operator.broker.alarms import Alarm, alarms_of
 from celery_event_operator.broker.tls import TlsFiles, client_context
 from celery_event_operator.errors import ManagementUnavailableError
 from celery_event_operator.lifecycle.consumers import Consumer
@@ -92,6 +94,7 @@ class QueueListing:
         self._vhost = urllib.parse.quote(address.vhost, safe="")
         self._queues = _Cached[dict[str, QueueCounts]](self._list_queues, {})
         self._consumers = _Cached[tuple[Consumer, ...]](self._list_consumers, ())
+        self._alarms = _Cached[tuple[Alarm, ...]](self._list_alarms, ())
         self._session: aiohttp.ClientSession | None = None
 
     async def queues(self, max_age: float) -> dict[str, QueueCounts]:
@@ -101,6 +104,17 @@ class QueueListing:
     async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
         """Every consumer of the vhost with its connection's peer address and client-provided name."""
         return await self._consumers.get(max_age)
+
+    async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
+        """The broker's resource alarms in effect (memory, disk), checked no longer than `max_age` seconds ago."""
+        return await self._alarms.get(max_age)
+
+    async def _list_alarms(self) -> tuple[Alarm, ...]:
+        status, body = await self._answer("/api/health/checks/alarms")
+        found = alarms_of(status, body)
+        if found is None:
+            raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status} on the alarms check")
+        return found
 
     async def _list_queues(self) -> dict[str, QueueCounts]:
         queues: dict[str, QueueCounts] = {}
@@ -136,14 +150,20 @@ class QueueListing:
         return tuple(found)
 
     async def _get(self, path: str) -> Any:
+        status, body = await self._answer(path)
+        if status != 200:
+            raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status}")
+        return body
+
+    async def _answer(self, path: str) -> tuple[int, Any]:
+        """The status and the JSON body of a GET (a body that is no JSON: None)."""
         url = f"{self.base_url}{path}"
         try:
             async with self._client().get(url, allow_redirects=False) as response:  # credentials stay on that host
-                if response.status != 200:
-                    raise ManagementUnavailableError(
-                        f"management API at {self.base_url}: HTTP {response.status} {response.reason}"
-                    )
-                return await response.json(content_type=None)
+                try:
+                    return response.status, await response.json(content_type=None)
+                except ValueError:
+                    return response.status, None
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
             reason = self._address.redact(f"{type(exc).__name__}: {exc}")
             raise ManagementUnavailableError(f"management API at {self.base_url}: {reason}") from None
@@ -161,5 +181,6 @@ class QueueListing:
     async def close(self) -> None:
         self._queues.cancel()
         self._consumers.cancel()
+        self._alarms.cancel()
         if self._session is not None:
             await self._session.close()

@@ -15,17 +15,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import logging
 import time
 from collections.abc import Mapping
 
 from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.broker import address as broker_addresses
 from celery_event_operator.broker.tls import CA_KEY, CERT_KEY, PRIVATE_KEY_KEY, TlsMaterial
-from celery_event_operator.errors import BrokerSecretError, OperatorError
+from celery_event_operator.errors import BrokerSecretError, KubeUnavailableError, OperatorError
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
 
 MANAGEMENT_URL_KEY = "managementURL"
 CACHE_SECONDS = 10.0
+# While the Kubernetes API does not answer, a Secret is read again after 1, 2, 4 … s (at most CACHE_SECONDS) and
+# its last good data served; only after this long without an answer is that reported.
+UNAVAILABLE_BACKOFF_SECONDS = 1.0
+UNAVAILABLE_GRACE_SECONDS = 60.0
+# What is known of a Secret no service asked for this long is forgotten.
+FORGET_SECONDS = 600.0
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,14 +86,32 @@ def read_settings(kube: KubeApi, namespace: str, spec: CeleryEventServiceSpec) -
     return settings_from_secret(kube.read_secret_data(namespace, name), namespace=namespace, secret=name, spec=spec)
 
 
+@dataclasses.dataclass
+class _Read:
+    """What is known of one Secret: its last good data, or why it is unusable, and when to read it again."""
+
+    data: dict[str, str] | None = None  # as last read (kept through the API's passing faults)
+    failure: OperatorError | None = None  # the Secret is absent or unusable (the user's to fix)
+    next_read: float = -float("inf")
+    unavailable_since: float | None = None  # the API has not answered since then
+    unavailable: KubeUnavailableError | None = None
+    attempts: int = 0  # reads the API did not answer in a row
+    asked_at: float = -float("inf")  # a service last asked for it
+
+
 class SecretReader:
-    """Secrets' data for a few seconds, shared by the services that name the same Secret."""
+    """Secrets' data for a few seconds, shared by the services that name the same Secret.
+
+    When the Kubernetes API does not answer (a 5xx, a 429, a timeout), the last good data is served and the Secret
+    is read again with backoff; only when no answer came for UNAVAILABLE_GRACE_SECONDS (or nothing was ever read) is
+    that said, as KubeUnavailableError: the API's fault, never the Secret's."""
 
     def __init__(self, kube: AsyncKubeApi, cache_seconds: float = CACHE_SECONDS) -> None:
         self._kube = kube
         self._cache_seconds = cache_seconds
-        self._read: dict[tuple[str, str], tuple[float, dict[str, str] | OperatorError]] = {}
+        self._read: dict[tuple[str, str], _Read] = {}
         self._reading: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._swept_at = time.monotonic()
 
     async def settings(self, namespace: str, spec: CeleryEventServiceSpec) -> BrokerSettings:
         name = spec.broker.secret_ref.name
@@ -93,26 +120,59 @@ class SecretReader:
 
     def forget(self, namespace: str, name: str) -> None:
         """Read it again next time (a login was refused: the Secret may have been rotated)."""
-        self._read.pop((namespace, name), None)
+        known = self._read.get((namespace, name))
+        if known is not None:
+            known.next_read = -float("inf")
 
     async def _data(self, namespace: str, name: str) -> dict[str, str]:
         key = (namespace, name)
-        cached = self._read.get(key)
-        if cached is None or time.monotonic() - cached[0] > self._cache_seconds:
+        self._sweep()
+        known = self._read.setdefault(key, _Read())
+        known.asked_at = time.monotonic()
+        if time.monotonic() >= known.next_read:
             reading = self._reading.get(key)
             if reading is None:
-                reading = self._reading[key] = asyncio.ensure_future(self._fetch(key))
+                reading = self._reading[key] = asyncio.ensure_future(self._fetch(key, known))
                 reading.add_done_callback(lambda _: self._reading.pop(key, None))
             await asyncio.shield(reading)
-            cached = self._read[key]
-        result = cached[1]
-        if isinstance(result, OperatorError):
-            raise result
-        return result
+        if known.failure is not None:
+            raise known.failure
+        if known.unavailable is not None and known.unavailable_since is not None:
+            lasting = time.monotonic() - known.unavailable_since >= UNAVAILABLE_GRACE_SECONDS
+            if known.data is None or lasting:
+                raise KubeUnavailableError(
+                    f"cannot read Secret {namespace}/{name}: the Kubernetes API does not answer"
+                    + (f" (for {UNAVAILABLE_GRACE_SECONDS:.0f} s; the settings last read are kept)" if lasting else "")
+                )
+        assert known.data is not None
+        return known.data
 
-    async def _fetch(self, key: tuple[str, str]) -> None:
+    def _sweep(self) -> None:
+        """Secrets no service asked for in FORGET_SECONDS are forgotten (a service moved to another, or is gone)."""
+        now = time.monotonic()
+        if now - self._swept_at < FORGET_SECONDS / 10:
+            return
+        self._swept_at = now
+        for key, known in list(self._read.items()):
+            if now - known.asked_at > FORGET_SECONDS and key not in self._reading:
+                del self._read[key]
+
+    async def _fetch(self, key: tuple[str, str], known: _Read) -> None:
         try:
-            result: dict[str, str] | OperatorError = await self._kube.call(self._kube.api.read_secret_data, *key)
+            data = await self._kube.read(self._kube.api.read_secret_data, *key)
+        except KubeUnavailableError as exc:
+            known.attempts += 1
+            known.unavailable = exc
+            if known.unavailable_since is None:
+                known.unavailable_since = time.monotonic()
+            pause = min(UNAVAILABLE_BACKOFF_SECONDS * 2 ** (known.attempts - 1), self._cache_seconds)
+            known.next_read = time.monotonic() + max(pause, exc.retry_after or 0.0)
+            logger.warning("%s; %s", exc, "the settings last read are kept" if known.data else "read again soon")
+            return
         except OperatorError as exc:
-            result = exc
-        self._read[key] = (time.monotonic(), result)
+            known.data, known.failure = None, exc
+        else:
+            known.data, known.failure = data, None
+        known.unavailable = known.unavailable_since = None
+        known.attempts = 0
+        known.next_read = time.monotonic() + self._cache_seconds

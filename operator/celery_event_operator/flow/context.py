@@ -55,7 +55,7 @@ class Context:
                 options.queue_wait_buckets,
                 SeriesSettings(options.per_pod_task_series, options.max_task_names),
             ),
-            injections=InjectionCatalog(kube),
+            injections=InjectionCatalog(kube, tuple(options.namespaces)),
         )
         if options.metrics_port:
             serve_metrics(context.metrics, options.metrics_port, options.metrics_addr)
@@ -78,5 +78,6 @@ class Context:
 
     async def close(self) -> None:
         await self.metrics.close()
+        self.injections.close()
         await self.brokers.close_all()
         self.kube.close()

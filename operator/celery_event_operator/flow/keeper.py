@@ -22,7 +22,8 @@ from typing import Any
 
 from celery_event_operator.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION
 from celery_event_operator.api.models import CeleryEventServiceStatus
-from celery_event_operator.errors import InvalidSpecError, OperatorError
+from celery_event_operator.broker.alarms import Alarm
+from celery_event_operator.errors import InvalidSpecError, KubeUnavailableError, OperatorError
 from celery_event_operator.flow import steps
 from celery_event_operator.flow.ports import KeeperContext, ServiceBroker
 from celery_event_operator.flow.writer import Annotate, StatusWriter
@@ -52,6 +53,8 @@ SCALE_READ_RESYNCS = 4
 # task events count as signs of life too); workers are swept at most this often.
 SILENCE_SECONDS = 300.0
 SWEEP_SECONDS = 30.0
+# A reconcile that met the Kubernetes API not answering is made again this soon (at most every resync).
+API_RETRY_SECONDS = 5.0
 
 PostEvents = Callable[[tuple[EventNote, ...]], None]
 
@@ -84,6 +87,7 @@ class ServiceKeeper:
         self._refreshed_at: float | None = None  # the last status pass
         self.resync_requested = asyncio.Event()
         self._deleting = False  # the resource is being deleted: its entities are removed, nothing is declared
+        self._api_retry = False  # the last reconcile met the Kubernetes API not answering
         self._by_generation = specs.GenerationCache[specs.Understood | InvalidSpecError](1)
 
     # --- the two passes ---------------------------------------------------------------------
@@ -107,14 +111,21 @@ class ServiceKeeper:
             await self._write(body, conclusion, {}, annotate)
             return
         self._service = found.service
-        broker, unusable = await self._broker_for(found)
+        broker, unusable, settings_unavailable = await self._broker_for(found)
         declared = specs.declared_entities(body)
         topology = await steps.declare(broker, unusable, found.topology, declared)
         workers = await self._workers_outcome(body, found, pods)
+        # The Kubernetes API did not answer a read of this pass: asked again soon, not a whole resync later.
+        self._api_retry = (
+            settings_unavailable is not None
+            or workers.unavailable is not None
+            or isinstance(unusable, KubeUnavailableError)
+        )
         await self._follow_events(found, broker)
         queues = scaling = None
         if self._refreshed_at is None and broker is not None:  # the first time, counters come with the conditions
             queues, scaling = await self._count(found, broker, pods)
+        alarms = await self._alarms(found, broker)
         seen = Observations(
             generation,
             found.spec,
@@ -124,6 +135,8 @@ class ServiceKeeper:
             queues=queues,
             scaling=scaling,
             monitoring=self._monitoring(found, broker),
+            settings_unavailable=settings_unavailable,
+            alarms=alarms,
         )
         conclusion = self._conclude(body, seen)
         self.context.metrics.count_reconcile(conclusion.ready)
@@ -148,10 +161,13 @@ class ServiceKeeper:
                 evicted=await self._heal(found, pods, lifecycle),
                 monitoring=self._monitoring(found, broker) if self._status is not None else None,
                 overflowing=self._overflowing(found),
+                alarms=await self._alarms(found, broker),
             )
-            await self._write(body, self._conclude(body, seen), {}, None)
-            if broker.events.login_refused:
-                self.resync_requested.set()  # the Secret may have been rotated: read it again now
+            conclusion = self._conclude(body, seen)
+            await self._write(body, conclusion, {}, None)
+            if broker.events.login_refused or conclusion.resync:
+                # The Secret may have been rotated: read it again now; or a broker alarm cleared.
+                self.resync_requested.set()
 
     def _conclude(self, body: Mapping[str, Any], seen: Observations) -> Conclusion:
         previous = self._status if self._status is not None else status_of(body)
@@ -182,7 +198,8 @@ class ServiceKeeper:
                     if self._broker is not None and self._broker.events.login_refused:
                         self._forget_secret(body)
                     await self.reconcile(body, pods)
-                    next_resync = time.monotonic() + resync_every * random.uniform(0.9, 1.1)
+                    every = min(resync_every, API_RETRY_SECONDS) if self._api_retry else resync_every
+                    next_resync = time.monotonic() + every * random.uniform(0.9, 1.1)
                 if now >= next_status:
                     await self.status_pass(body, pods)
                     next_status = time.monotonic() + self._status_interval(body) * random.uniform(0.95, 1.05)
@@ -243,22 +260,30 @@ class ServiceKeeper:
         """The validated spec and its plan, worked out once per generation."""
         return self._by_generation.get(body, lambda: specs.understand(body))
 
-    async def _broker_for(self, understood: specs.Understood) -> tuple[ServiceBroker | None, OperatorError | None]:
-        """The broker of the service's current settings (switching when the Secret changed), or why none."""
+    async def _broker_for(
+        self, understood: specs.Understood
+    ) -> tuple[ServiceBroker | None, OperatorError | None, str | None]:
+        """The broker of the service's current settings (switching when the Secret changed), or why none; and,
+        when the Secret has not been readable for long, why the broker of the settings last read is kept."""
         brokers = self.context.brokers
         try:
             settings = await brokers.settings(self.namespace, understood.spec)
             if self._broker is not None and self._broker.key == settings.key:
-                return self._broker, None
+                return self._broker, None, None
             broker = brokers.acquire(settings)  # its TLS material is checked here
+        except KubeUnavailableError as exc:
+            # The API's fault, not the Secret's: the broker and the events consumer stay as they are.
+            if self._broker is not None:
+                return self._broker, None, str(exc)
+            return None, exc, None
         except OperatorError as exc:
             await self._let_go()
-            return None, exc
+            return None, exc, None
         if self._broker is not None:
             self._logger.info("broker settings of %s changed: moving to %s", self.name, broker.display)
         await self._let_go()
         self._broker = broker
-        return broker, None
+        return broker, None, None
 
     async def _let_go(self) -> None:
         if self._subscription is not None and self._broker is not None:
@@ -292,6 +317,16 @@ class ServiceKeeper:
             f"{self.namespace}/{service}", queue, event_exchange_name(service), metrics
         )
 
+    async def _alarms(self, understood: specs.Understood, broker: ServiceBroker | None) -> tuple[Alarm, ...] | None:
+        """The broker's resource alarms (listed once per broker and half interval); into the service's metrics."""
+        if broker is None:
+            return None
+        alarms = await steps.alarms(broker, understood.spec.status_interval_seconds / 2)
+        metrics = self.context.metrics.find(self.namespace, understood.service)
+        if metrics is not None:
+            metrics.broker_alarms = None if alarms is None else len(alarms)
+        return alarms
+
     def _monitoring(self, understood: specs.Understood, broker: ServiceBroker | None) -> MonitoringSeen:
         return steps.monitoring(understood.spec.monitoring.enabled, self._subscription, broker)
 
@@ -313,7 +348,10 @@ class ServiceKeeper:
         outcome = await self.context.cluster.sync_workers(
             owner=dict(body), service=understood.service, spec=understood.spec, pod_hashes=hashes
         )
-        self._workers = (generation, now, outcome) if outcome.configmap_error is None else None
+        if outcome.unavailable is None:
+            self._workers = (generation, now, outcome) if outcome.configmap_error is None else None
+        elif self._workers is not None and self._workers[0] != generation:
+            self._workers = None  # the previous generation's hash must not judge the pods of this one
         return dataclasses.replace(outcome, heal_after_seconds=self._heal_after(understood))
 
     def _heal_after(self, understood: specs.Understood) -> int | None:

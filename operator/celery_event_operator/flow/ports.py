@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.broker.secret import BrokerSettings
 from celery_event_operator.injection.outcome import WorkersOutcome
 from celery_event_operator.lifecycle.consumers import Consumer
@@ -58,6 +59,10 @@ class ServiceBroker(Protocol):
 
     async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
         """The vhost's consumers and their connections; ManagementUnavailableError without a management API."""
+        ...
+
+    async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
+        """The broker's resource alarms in effect; ManagementUnavailableError without a management API."""
         ...
 
 

@@ -9,7 +9,14 @@ import logging
 from typing import Any
 
 from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
-from celery_event_operator.errors import BrokerUnavailableError, KubeError, ManagementUnavailableError, OperatorError
+from celery_event_operator.broker.alarms import Alarm
+from celery_event_operator.errors import (
+    BrokerUnavailableError,
+    KubeError,
+    KubeUnavailableError,
+    ManagementUnavailableError,
+    OperatorError,
+)
 from celery_event_operator.flow.ports import ClusterAccess, ServiceBroker
 from celery_event_operator.injection import healing
 from celery_event_operator.lifecycle import consumers, costs
@@ -95,6 +102,9 @@ async def scale_workers(
     try:
         if memory.scale is None or now - memory.scale_read_at > scale_max_age:
             await _read_scale(cluster, namespace, understood, memory, now)
+    except KubeUnavailableError:
+        if memory.scale is None:
+            return seen  # the API did not answer: nothing decided, asked again next pass
     except KubeError as exc:
         return dataclasses.replace(seen, scale_problem=str(exc))
     seen = dataclasses.replace(seen, scale_checked=True, workload=memory.scale)
@@ -117,6 +127,8 @@ async def scale_workers(
             return dataclasses.replace(seen, workload=memory.scale)
         current = memory.scale
         await cluster.set_scale(namespace, target, wish.replicas)
+    except KubeUnavailableError:
+        return seen  # the API did not answer: no change made, decided again next pass
     except KubeError as exc:
         return dataclasses.replace(seen, failed=str(exc))
     memory.scale = wish.replicas
@@ -131,6 +143,14 @@ async def _read_scale(
     assert understood.spec.workers is not None
     memory.scale = await cluster.read_scale(namespace, understood.spec.workers.scale_target_ref)
     memory.scale_read_at = now
+
+
+async def alarms(broker: ServiceBroker, max_age: float) -> tuple[Alarm, ...] | None:
+    """The broker's resource alarms in effect; None when they cannot be seen (no management API)."""
+    try:
+        return await broker.alarms(max_age)
+    except ManagementUnavailableError:
+        return None
 
 
 def monitoring(enabled: bool, subscription: Subscription | None, broker: ServiceBroker | None) -> MonitoringSeen:

@@ -14,7 +14,7 @@ import kopf
 
 from celery_event_operator.api.metadata import GROUP
 from celery_event_operator.api.models import PLURAL, VERSION
-from celery_event_operator.errors import BrokerUnavailableError
+from celery_event_operator.errors import BrokerUnavailableError, KubeUnavailableError
 from celery_event_operator.flow.keeper import ServiceKeeper
 from celery_event_operator.handlers.monitoring import service_pods
 from celery_event_operator.options import OperatorOptions
@@ -89,7 +89,8 @@ async def delete_service_entities(body: kopf.Body, memo: kopf.Memo, logger: kopf
     outcome = await keeper.delete_entities(body)
     if outcome is None:
         return  # never acted on: nothing of it is on the broker
-    if isinstance(outcome.failure, BrokerUnavailableError) and retry < DELETE_RETRIES - 1:
+    # The broker or the Kubernetes API (the Secret unread) did not answer this time: asked again.
+    if isinstance(outcome.failure, BrokerUnavailableError | KubeUnavailableError) and retry < DELETE_RETRIES - 1:
         logger.warning("%s; deletion retried in %.0fs", outcome.failure, DELETE_BACKOFF_SECONDS)
         raise kopf.TemporaryError(str(outcome.failure), delay=DELETE_BACKOFF_SECONDS)
     keeper.post(conclude_deletion(outcome))

@@ -19,6 +19,8 @@ from celery_event_operator.options import PEERING_LIFETIME_SECONDS, OperatorOpti
 async def connect(memo: kopf.Memo, **_: Any) -> None:
     # Shared by every resource's keeper (kopf copies the memo per object, not the objects in it).
     memo.context = Context.open(memo.options)
+    if memo.options.webhook is not None:
+        memo.context.injections.start()  # the webhook answers from it, kept current in the background
     await memo.context.ensure_peering()
     memo.context.freeze_heap_later()
 

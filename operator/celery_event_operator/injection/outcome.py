@@ -15,6 +15,7 @@ class WorkersOutcome:
     pods: int = 0
     pods_current: int = 0
     heal_after_seconds: int | None = None  # pods without the current settings are evicted after this long
+    unavailable: str | None = None  # the Kubernetes API did not answer: nothing known of this pass (keep the last)
 
 
 def count_pods(config_hash: str, pod_hashes: Iterable[str | None]) -> WorkersOutcome:

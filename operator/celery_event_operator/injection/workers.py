@@ -8,7 +8,7 @@ from typing import Any
 
 from celery_event_operator.api.metadata import HASH_ANNOTATION, SERVICE_LABEL
 from celery_event_operator.api.models import CeleryEventServiceSpec
-from celery_event_operator.errors import KubeError
+from celery_event_operator.errors import KubeError, KubeUnavailableError
 from celery_event_operator.injection import settings as rendering
 from celery_event_operator.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.kubeapi import AsyncKubeApi
@@ -56,10 +56,12 @@ async def sync(
     data = rendering.configmap_data(settings)
     name = rendering.configmap_name(service)
     try:
-        current = await kube.call(kube.api.read_configmap_data, namespace, name)
+        current = await kube.read(kube.api.read_configmap_data, namespace, name)
         if current != data:
             body = configmap_body(name, owner, service, data)
             await kube.call(kube.api.write_configmap, namespace, body, exists=current is not None)
+    except KubeUnavailableError as exc:
+        return WorkersOutcome(config_hash, unavailable=str(exc))
     except KubeError as exc:
         return WorkersOutcome(config_hash, configmap_error=str(exc))
 
@@ -67,7 +69,7 @@ async def sync(
     if spec.workers is not None and spec.workers.rollout_on_change:
         target = spec.workers.scale_target_ref
         try:
-            annotations = await kube.call(kube.api.read_template_annotations, namespace, target.kind, target.name)
+            annotations = await kube.read(kube.api.read_template_annotations, namespace, target.kind, target.name)
             if annotations is None:
                 target_error = f"{target.kind} {namespace}/{target.name} (workers.scaleTargetRef) does not exist"
             elif annotations.get(HASH_ANNOTATION) != config_hash:
@@ -79,6 +81,8 @@ async def sync(
                     {HASH_ANNOTATION: config_hash},
                 )
                 stamped = f"{target.kind}/{target.name}"
+        except KubeUnavailableError as exc:  # not "not found": asked again next pass
+            return dataclasses.replace(count_pods(config_hash, pod_hashes), unavailable=str(exc))
         except KubeError as exc:
             target_error = str(exc)
     return dataclasses.replace(count_pods(config_hash, pod_hashes), target_error=target_error, stamped=stamped)

@@ -84,6 +84,11 @@ STUCK_WORKERS = Family(
     "gauge",
     "Running worker pods that heartbeat but consume nothing while messages wait, or stopped heartbeating.",
 )
+BROKER_ALARMS = Family(
+    "celery_event_operator_broker_alarms",
+    "gauge",
+    "Resource alarms (memory, disk) in effect on the service's broker: while above 0 it blocks publishers.",
+)
 CONSUMER_UP = Family(
     "celery_event_operator_events_consumer_up",
     "gauge",
@@ -118,6 +123,7 @@ SERVICE_FAMILIES = (
     REPLICAS,
     DESIRED_REPLICAS,
     STUCK_WORKERS,
+    BROKER_ALARMS,
     CONSUMER_UP,
     CONSUMED,
     MALFORMED,
@@ -293,6 +299,7 @@ class ServiceBlock:
             (REPLICAS, metrics.replicas),
             (DESIRED_REPLICAS, metrics.desired_replicas),
             (STUCK_WORKERS, metrics.stuck_workers),
+            (BROKER_ALARMS, metrics.broker_alarms),
             (CONSUMER_UP, 1 if metrics.consumer_connected else 0),
             (CONSUMED, metrics.events_consumed),
             (MALFORMED, metrics.malformed),

@@ -190,6 +190,7 @@ class ServiceMetrics:
         self._replicas: int | None = None  # the workers' pods running, and their desired number (None: unknown)
         self._desired_replicas: int | None = None
         self._stuck_workers: int | None = None  # None: not judged
+        self._broker_alarms: int | None = None  # resource alarms of the service's broker; None: not seen
         self.running = RunningTasks()  # what each worker runs now: its pod's deletion cost
         self._consumer_connected = False
         self._names: set[str] = set()  # task names admitted (the handlers' are always)
@@ -287,6 +288,16 @@ class ServiceMetrics:
     def stuck_workers(self, value: int | None) -> None:
         if value != self._stuck_workers:
             self._stuck_workers = value
+            self.changes += 1
+
+    @property
+    def broker_alarms(self) -> int | None:
+        return self._broker_alarms
+
+    @broker_alarms.setter
+    def broker_alarms(self, value: int | None) -> None:
+        if value != self._broker_alarms:
+            self._broker_alarms = value
             self.changes += 1
 
     @property

@@ -20,15 +20,14 @@ from typing import Any
 
 from celery_event_operator.api import conditions
 from celery_event_operator.api.models import PREVIEW_SIZE, CeleryEventServiceSpec
-from celery_event_operator.broker.address import ManagementURLRejectedError
 from celery_event_operator.errors import (
     ArchiveNotFoundError,
     BrokerRefusedError,
-    BrokerSecretError,
     BrokerUnavailableError,
     InvalidSpecError,
     KubeError,
     NotFoundError,
+    OperatorError,
     UnsupportedOperationError,
 )
 from celery_event_operator.flow.context import Context
@@ -142,8 +141,8 @@ class ReplayKeeper:
         try:
             try:
                 settings = await self.context.brokers.settings(self.namespace, service_spec)
-            except (ManagementURLRejectedError, BrokerSecretError) as exc:
-                await self._wait(replay, began, "BrokerSecretInvalid", str(exc))
+            except OperatorError as exc:  # the Secret unusable, or the Kubernetes API not answering: its reason
+                await self._wait(replay, began, exc.reason, str(exc))
                 return False
             runner = ReplayRunner(settings)
             try:

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from celery_event_operator.api import conditions
 from celery_event_operator.api.metadata import DECLARED_ANNOTATION
 from celery_event_operator.api.models import CeleryEventServiceStatus, Condition, ConditionStatus
-from celery_event_operator.errors import BrokerRefusedError, UnsupportedOperationError
+from celery_event_operator.broker.alarms import Alarm, describe
+from celery_event_operator.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
 from celery_event_operator.injection.outcome import WorkersOutcome
 from celery_event_operator.monitoring import report
 from celery_event_operator.scaling.depths import counters
@@ -38,6 +39,7 @@ TOPOLOGY_READY = "TopologyReady"
 WORKERS_CONFIGURED = "WorkersConfigured"
 WORKERS_HEALTHY = "WorkersHealthy"
 MONITORING_READY = "MonitoringReady"
+BROKER_ALARM = "BrokerAlarm"
 _ORDER = {
     conditions.READY: 0,
     BROKER_REACHABLE: 1,
@@ -66,6 +68,7 @@ class Announced:
     monitoring_failure: bool = False  # the events consumer's own failure
     stuck: frozenset[str] = frozenset()  # the pods announced stuck (one Event each, per episode)
     overflowed: frozenset[str] = frozenset()  # the metric labels announced past their bound (one Event in all)
+    settings_unavailable: str | None = None  # the Secret has not been readable for long (the API's fault)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,7 @@ class Conclusion:
     events: tuple[EventNote, ...]
     annotations: dict[str, str]
     announced: Announced
+    resync: bool = False  # a reconcile should conclude the conditions afresh now (a broker alarm cleared)
 
     @property
     def ready(self) -> bool:
@@ -116,8 +120,16 @@ def conclude(
     if seen.workers is not None:
         _workers(state, seen.workers)
     if seen.topology is not None:
-        fields["observed_generation"] = seen.generation
-        annotations |= _topology(state, seen.topology, seen.workers, seen.declared)
+        if not _unread(state, seen.topology):
+            fields["observed_generation"] = seen.generation
+        annotations |= _topology(state, seen.topology, seen.workers, seen.declared, seen.alarms)
+        announced = _settings_unavailable(state, seen.settings_unavailable, announced)
+    resync = False
+    if seen.topology is None and seen.alarms is not None:  # a status pass
+        if seen.alarms:
+            _alarmed(state, seen.alarms)
+        else:
+            resync = _alarms_cleared(state)
     if seen.queues is not None:
         announced = _queues(fields, state, seen.queues, announced, autoscaling=_autoscaling(seen))
     if seen.scaling is not None:
@@ -134,7 +146,7 @@ def conclude(
             state.events.append(EventNote("Warning", report.OVERFLOW_REASON, message))
         announced = dataclasses.replace(announced, overflowed=overflowed)
     fields["conditions"] = sorted(state.current, key=lambda c: _ORDER.get(c.type, len(_ORDER)))
-    return Conclusion(previous.model_copy(update=fields), tuple(state.events), annotations, announced)
+    return Conclusion(previous.model_copy(update=fields), tuple(state.events), annotations, announced, resync)
 
 
 def conclude_deletion(outcome: DeclareOutcome) -> tuple[EventNote, ...]:
@@ -195,7 +207,12 @@ def _scaling_wanted(seen: Observations) -> bool:
 
 
 def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
-    """WorkersConfigured: the settings exist, and how many pods run with the current ones."""
+    """WorkersConfigured: the settings exist, and how many pods run with the current ones. When the Kubernetes API
+    did not answer, the condition stays as the last pass found it (a blip the next pass absorbs is no change)."""
+    if workers.unavailable is not None:
+        if conditions.find(state.current, WORKERS_CONFIGURED) is None:
+            state.set(WORKERS_CONFIGURED, "Unknown", KubeUnavailableError.reason, workers.unavailable, announce=False)
+        return
     if workers.configmap_error is not None:
         state.set(WORKERS_CONFIGURED, "False", "ConfigMapFailed", workers.configmap_error)
         return
@@ -220,10 +237,17 @@ def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
 
 
 def _topology(
-    state: _Conditions, outcome: DeclareOutcome, workers: WorkersOutcome | None, declared: Declared
+    state: _Conditions,
+    outcome: DeclareOutcome,
+    workers: WorkersOutcome | None,
+    declared: Declared,
+    alarms: tuple[Alarm, ...] | None,
 ) -> dict[str, str]:
-    """BrokerReachable, TopologyReady and Ready after a declare; the entities to remember."""
+    """BrokerReachable, TopologyReady and Ready after a declare (and the broker's alarms); the entities to
+    remember."""
     failure = outcome.failure
+    if _unread(state, outcome):
+        return {}  # the Secret could not be read this time (the API's fault): nothing changed that is known
     if isinstance(failure, BrokerRefusedError | UnsupportedOperationError):
         state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
         state.set(TOPOLOGY_READY, "False", failure.reason, str(failure))
@@ -237,21 +261,27 @@ def _topology(
         state.set(conditions.READY, "False", reason, message, announce=False)
         return {}
     report, topology = outcome.report, outcome.topology
-    state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
+    if not alarms:
+        state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
+    ready: tuple[ConditionStatus, str, str]
     if report.problems:
         message = "; ".join(problem.message for problem in report.problems)
         state.set(TOPOLOGY_READY, "False", "ArgumentMismatch", message)
-        state.set(conditions.READY, "False", "TopologyMismatch", message, announce=False)
-    elif workers is not None and workers.configmap_error is not None:
+        ready = ("False", "TopologyMismatch", message)
+    elif (configmap_error := _configmap_error(state, workers)) is not None:
         state.set(TOPOLOGY_READY, "True", "Declared", f"{len(topology.queues)} queues declared")
-        state.set(conditions.READY, "False", "WorkersNotConfigured", workers.configmap_error, announce=False)
+        ready = ("False", "WorkersNotConfigured", configmap_error)
     else:
         message = f"{len(topology.queues)} queues and {len(topology.exchanges)} exchanges declared"
         if report.kept:
             waiting = ", ".join(f"{q.name} ({q.messages} messages)" for q in report.kept)
             message += f"; no longer planned, removed once empty: {waiting}"
         state.set(TOPOLOGY_READY, "True", "Declared", message)
-        state.set(conditions.READY, "True", "Reconciled", f"service {topology.service!r}: {message}", announce=False)
+        ready = ("True", "Reconciled", f"service {topology.service!r}: {message}")
+    if alarms:
+        _alarmed(state, alarms)
+    else:
+        state.set(conditions.READY, *ready, announce=False)
     if report.recreated:
         state.events.append(
             EventNote("Normal", "Recreated", "recreated with the planned arguments: " + ", ".join(report.recreated))
@@ -262,6 +292,48 @@ def _topology(
         )
     remembered = report.remembered(topology, declared)
     return {DECLARED_ANNOTATION: remembered.to_json()} if remembered != declared else {}
+
+
+def _alarmed(state: _Conditions, alarms: tuple[Alarm, ...]) -> None:
+    """The broker blocks publishers: BrokerReachable and Ready say which alarm (one Warning); the topology and the
+    consumers are as they were."""
+    message = describe(alarms)
+    state.set(BROKER_REACHABLE, "False", BROKER_ALARM, message)
+    state.set(conditions.READY, "False", BROKER_ALARM, message, announce=False)
+
+
+def _alarms_cleared(state: _Conditions) -> bool:
+    """The alarm the status shows is no longer in effect: a reconcile concludes the conditions afresh."""
+    found = conditions.find(state.current, BROKER_REACHABLE)
+    return found is not None and found.reason == BROKER_ALARM
+
+
+def _unread(state: _Conditions, outcome: DeclareOutcome) -> bool:
+    """The Secret of a service that was reachable could not be read this time (the API did not answer): nothing
+    was done, and the status stays as it was — its observedGeneration too."""
+    if not isinstance(outcome.failure, KubeUnavailableError):
+        return False
+    found = conditions.find(state.previous, BROKER_REACHABLE)
+    return found is not None and found.status == "True"
+
+
+def _configmap_error(state: _Conditions, workers: WorkersOutcome | None) -> str | None:
+    """Why the workers' settings are not written: this pass's failure, or the last pass's while the API did not
+    answer this time."""
+    if workers is None:
+        return None
+    if workers.unavailable is None:
+        return workers.configmap_error
+    found = conditions.find(state.current, WORKERS_CONFIGURED)
+    return found.message if found is not None and found.reason == "ConfigMapFailed" else None
+
+
+def _settings_unavailable(state: _Conditions, problem: str | None, announced: Announced) -> Announced:
+    """The broker Secret has not been readable for long: the settings last read are still used (nothing else
+    changes), said once per episode."""
+    if problem is not None and announced.settings_unavailable is None:
+        state.events.append(EventNote("Warning", KubeUnavailableError.reason, problem))
+    return dataclasses.replace(announced, settings_unavailable=problem)
 
 
 def _queues(

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from celery_event_operator.api.models import CeleryEventServiceSpec
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.errors import InvalidSpecError
 from celery_event_operator.injection.outcome import WorkersOutcome
 from celery_event_operator.lifecycle.stuck import StuckWorker
@@ -93,3 +94,8 @@ class Observations:
     lifecycle: LifecycleSeen | None = None
     evicted: Evicted | None = None
     overflowing: Mapping[str, tuple[int, int]] | None = None  # metric labels past their bound: (refused, kept)
+    # The broker Secret has not been readable for long (the Kubernetes API does not answer): the settings last read
+    # are still used; why, said once.
+    settings_unavailable: str | None = None
+    # The broker's resource alarms in effect (it blocks publishers); None: not seen (no management API).
+    alarms: tuple[Alarm, ...] | None = None

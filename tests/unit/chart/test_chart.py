@@ -303,6 +303,7 @@ def test_alert_rules_use_metrics_the_operator_exports() -> None:
         "CeleryTaskFailureRate",
         "CeleryQueueWithoutConsumers",
         "CeleryEventsNotConsumed",
+        "CeleryBrokerAlarm",
         "CeleryEventOperatorReconcileFailures",
     }
     exported = {family.name for family in FAMILIES}

@@ -8,6 +8,7 @@ from typing import Any
 
 from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
 from celery_event_operator.broker import address as broker_address
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.broker.secret import BrokerSettings
 from celery_event_operator.broker.tls import TlsMaterial
 from celery_event_operator.errors import KubeError, OperatorError
@@ -50,6 +51,7 @@ class FakeBroker:
         self.declare_failure: OperatorError | None = None
         self.depth_answer: tuple[tuple[QueueDepth, ...], str] | OperatorError = ((), "ready + unacknowledged")
         self.consumer_answer: tuple[Consumer, ...] | OperatorError = ()
+        self.alarm_answer: tuple[Alarm, ...] | OperatorError = ()
 
     async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
         self.declares.append((topology.service, remove))
@@ -66,6 +68,11 @@ class FakeBroker:
         if isinstance(self.consumer_answer, OperatorError):
             raise self.consumer_answer
         return self.consumer_answer
+
+    async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
+        if isinstance(self.alarm_answer, OperatorError):
+            raise self.alarm_answer
+        return self.alarm_answer
 
 
 class FakeBrokers:
@@ -98,12 +105,15 @@ class FakeCluster:
         self.calls: list[tuple[Any, ...]] = []
         self.scale: int | None = 1
         self.scale_failure: KubeError | None = None
+        self.workers_unavailable: str | None = None  # the API does not answer sync_workers' reads
         self.evictable = True
 
     async def sync_workers(
         self, *, owner: dict[str, Any], service: str, spec: CeleryEventServiceSpec, pod_hashes: list[str | None]
     ) -> WorkersOutcome:
         self.calls.append(("sync_workers", service))
+        if self.workers_unavailable is not None:
+            return WorkersOutcome("h1", unavailable=self.workers_unavailable)
         return count_pods("h1", pod_hashes)
 
     async def read_scale(self, namespace: str, target: ScaleTargetRef) -> int | None:

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from celery_event_operator.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
-from celery_event_operator.errors import BrokerSecretError, BrokerUnavailableError
+from celery_event_operator.broker.alarms import Alarm
+from celery_event_operator.errors import (
+    BrokerSecretError,
+    BrokerUnavailableError,
+    KubeUnavailableError,
+    ManagementUnavailableError,
+)
 from celery_event_operator.flow.keeper import ServiceKeeper
 from celery_event_operator.scaling.depths import QueueDepth
 from celery_event_operator.service.conclusion import EventNote
@@ -132,6 +138,67 @@ async def test_an_unusable_secret_acquires_no_broker_and_names_the_reason() -> N
     assert harness.brokers.users == 0
     await harness.status_pass()
     assert harness.cluster.made("read_scale") == [], "no status pass without a broker"
+
+
+async def test_the_api_not_answering_keeps_the_broker_the_consumer_and_the_conditions() -> None:
+    """The Kubernetes API's passing fault is not the Secret's: nothing is let go, nothing flaps, the reconcile
+    is made again soon; when the Secret stays unreadable for long that is said once, the broker still kept."""
+    harness = Harness(resource())
+    await harness.reconcile()
+    harness.reasons()
+    before = harness.body["status"]["conditions"]
+    consumer = harness.broker.events.subscriptions[0]
+    harness.brokers.secret_failure = KubeUnavailableError(
+        "cannot read Secret shop/rabbitmq: does not answer (for 60 s)"
+    )
+    harness.cluster.workers_unavailable = "cannot read ConfigMap shop/billing-celery-events: HTTP 500"
+    harness.keeper._workers = None  # due for its check
+    await harness.reconcile()
+    assert harness.brokers.users == 1
+    assert harness.broker.events.subscriptions == [consumer]
+    assert harness.broker.declares == [("billing", False)] * 2, "declared on the settings last read"
+    assert harness.body["status"]["conditions"] == before
+    assert harness.reasons() == ["KubernetesAPIUnavailable"]
+    assert harness.keeper._api_retry
+    harness.brokers.secret_failure = None
+    harness.cluster.workers_unavailable = None
+    await harness.reconcile()
+    assert harness.reasons() == []
+    assert not harness.keeper._api_retry
+
+
+async def test_a_secret_gone_lets_go_of_broker_and_consumer() -> None:
+    harness = Harness(resource())
+    await harness.reconcile()
+    harness.brokers.secret_failure = BrokerSecretError("Secret shop/rabbitmq does not exist")
+    await harness.reconcile()
+    assert harness.brokers.users == 0
+    assert harness.broker.events.subscriptions == []
+    assert harness.condition("BrokerReachable") == ("False", "BrokerSecretInvalid")
+
+
+async def test_a_broker_alarm_is_shown_counted_and_its_end_reconciled() -> None:
+    harness = Harness(resource())
+    await harness.reconcile()
+    metrics = harness.context.metrics.find("shop", "billing")
+    assert metrics is not None
+    assert metrics.broker_alarms == 0
+    harness.broker.alarm_answer = (Alarm("memory", "rabbit@a"),)
+    await harness.status_pass()
+    assert harness.condition("Ready") == ("False", "BrokerAlarm")
+    assert harness.reasons() == ["BrokerAlarm"]
+    assert metrics.broker_alarms == 1
+    assert harness.broker.events.subscriptions, "the events consumer goes on (consumers are not blocked)"
+    harness.broker.alarm_answer = ()
+    await harness.status_pass()
+    assert harness.keeper.resync_requested.is_set()
+    await harness.reconcile()
+    assert harness.condition("Ready") == ("True", "Reconciled")
+    assert harness.reasons() == ["Connected"]
+    harness.broker.alarm_answer = ManagementUnavailableError("management API at http://h:15672: HTTP 404")
+    await harness.status_pass()
+    assert metrics.broker_alarms is None, "not seen without a management API"
+    assert harness.condition("Ready") == ("True", "Reconciled")
 
 
 async def test_a_status_pass_autoscales_and_says_so() -> None:

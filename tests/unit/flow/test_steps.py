@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION
-from celery_event_operator.errors import BrokerRefusedError, KubeError
+from celery_event_operator.errors import BrokerRefusedError, KubeError, KubeUnavailableError
 from celery_event_operator.flow import steps
 from celery_event_operator.injection import healing
 from celery_event_operator.lifecycle.consumers import Consumer
@@ -46,6 +46,19 @@ async def test_the_workloads_scale_is_read_when_due_and_again_before_a_change() 
     assert cluster.made("set_scale") == [("set_scale", "billing-worker", 4)]
     assert seen.scaled is not None
     assert (seen.scaled.before, seen.scaled.after, seen.desired) == (1, 4, 4)
+
+
+async def test_the_api_not_answering_pauses_scaling_quietly_and_decides_again_next_pass() -> None:
+    """A 5xx/429 on /scale is no problem to announce (the next pass asks again) and no failed change."""
+    cluster, memory = FakeCluster(resource()), steps.ScalerMemory()
+    cluster.scale_failure = KubeUnavailableError("cannot read the scale of Deployment shop/billing-worker: HTTP 500")
+    workers = {**resource()["spec"]["workers"], "replicas": 4}
+    seen = await scale(cluster, memory, 0.0, workers=workers)
+    assert (seen.scale_problem, seen.failed, seen.scaled, seen.scale_checked) == (None, None, None, False)
+    cluster.scale_failure = None
+    seen = await scale(cluster, memory, 10.0, workers=workers)
+    assert seen.scaled is not None
+    assert cluster.made("set_scale") == [("set_scale", "billing-worker", 4)]
 
 
 async def test_nothing_is_scaled_from_missing_data_or_without_a_wish() -> None:

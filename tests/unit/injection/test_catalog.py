@@ -3,6 +3,8 @@ failed read keeps what was known, an invalid service injects nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,18 +48,64 @@ async def test_a_service_is_found_once_read_and_an_invalid_one_injects_nothing(m
     invalid["metadata"] = {**invalid["metadata"], "name": "broken", "uid": "u2"}
     services = _Services([resource(), invalid])
     found = _catalog(services)
-    injection = await found.find("shop", "billing")
-    assert injection is not None
-    assert (injection.service, injection.secret_name, injection.configmap) == (
-        "billing",
-        "rabbitmq",
-        "billing-celery-events",
-    )
-    assert await found.find("shop", "broken") is None
-    assert services.reads == 1, "a burst of pods waits for one read"
+    try:
+        injection = await found.find("shop", "billing")
+        assert injection is not None
+        assert (injection.service, injection.secret_name, injection.configmap) == (
+            "billing",
+            "rabbitmq",
+            "billing-celery-events",
+        )
+        assert await found.find("shop", "broken") is None
+        assert services.reads == 1, "a burst of pods waits for one read"
 
-    later = catalog.time.monotonic() + catalog.REFRESH_SECONDS * 10
-    monkeypatch.setattr(catalog.time, "monotonic", lambda: later)
-    services.failure = KubeError("cannot list the CeleryEventServices of shop: HTTP 500")
-    assert await found.find("shop", "billing") == injection, "a failed read keeps what was known"
-    assert services.reads == 2
+        later = catalog.time.monotonic() + catalog.REFRESH_SECONDS * 10
+        monkeypatch.setattr(catalog.time, "monotonic", lambda: later)
+        services.failure = KubeError("cannot list the CeleryEventServices of shop: HTTP 500")
+        await found._list("shop", found._namespaces["shop"])
+        assert services.reads == 2
+        assert await found.find("shop", "billing") == injection, "a failed read keeps what was known"
+    finally:
+        found.close()
+
+
+async def test_a_known_service_is_answered_without_waiting_on_the_api() -> None:
+    """The webhook's latency does not follow the API server's: a known service is answered from memory while a
+    listing hangs; a service not known yet waits for a listing at most MISS_WAIT_SECONDS."""
+    services = _Services([resource()])
+    found = _catalog(services)
+    try:
+        assert await found.find("shop", "billing") is not None
+        hanging = asyncio.Event()
+        kube: Any = found._kube
+
+        async def slow(method: Callable[..., Any], *args: Any) -> Any:
+            await hanging.wait()
+            return method(*args)
+
+        kube.call = slow
+        found._list("shop", found._namespaces["shop"])  # the background listing, stuck on the API
+        started = time.monotonic()
+        assert await found.find("shop", "billing") is not None
+        assert time.monotonic() - started < 0.05
+        started = time.monotonic()
+        assert await found.find("shop", "shipping") is None
+        assert catalog.MISS_WAIT_SECONDS <= time.monotonic() - started < catalog.MISS_WAIT_SECONDS + 0.5
+    finally:
+        found.close()
+
+
+async def test_the_catalog_is_kept_current_in_the_background(monkeypatch: Any) -> None:
+    monkeypatch.setattr(catalog, "REFRESH_SECONDS", 0.05)
+    services = _Services([])
+    found = catalog.InjectionCatalog(_Kube(services), ("shop",))  # type: ignore[arg-type]
+    try:
+        found.start()
+        services.bodies = [resource()]
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if found._namespaces["shop"].injections:
+                break
+        assert "billing" in found._namespaces["shop"].injections, "listed without any admission asking"
+    finally:
+        found.close()

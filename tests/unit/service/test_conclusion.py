@@ -12,12 +12,15 @@ import pytest
 from celery_event_operator.api.metadata import DECLARED_ANNOTATION
 from celery_event_operator.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus, parse_spec
 from celery_event_operator.broker.address import ManagementURLRejectedError
+from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.errors import (
     BrokerRefusedError,
     BrokerSecretError,
     BrokerUnavailableError,
     ImmutableFieldChangedError,
     InvalidSpecError,
+    KubeForbiddenError,
+    KubeUnavailableError,
     UnsupportedOperationError,
 )
 from celery_event_operator.injection.outcome import WorkersOutcome
@@ -127,6 +130,57 @@ def events(conclusion: Conclusion) -> list[tuple[str, str]]:
             },
             [("Warning", "BrokerSecretInvalid")],
             id="secret-invalid",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, failure=KubeUnavailableError("cannot read Secret x: HTTP 503"))),
+            {
+                "Ready": ("False", "KubernetesAPIUnavailable"),
+                "BrokerReachable": ("False", "KubernetesAPIUnavailable"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "KubernetesAPIUnavailable")],
+            id="secret-never-read-api-unavailable",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, failure=KubeForbiddenError("HTTP 403: lacks `get` on secrets"))),
+            {
+                "Ready": ("False", "KubernetesAPIForbidden"),
+                "BrokerReachable": ("False", "KubernetesAPIForbidden"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "KubernetesAPIForbidden")],
+            id="secret-forbidden",
+        ),
+        pytest.param(
+            reconciled(alarms=(Alarm("memory", "rabbit@a"),)),
+            {
+                "Ready": ("False", "BrokerAlarm"),
+                "BrokerReachable": ("False", "BrokerAlarm"),
+                "TopologyReady": ("True", "Declared"),
+            },
+            [("Warning", "BrokerAlarm")],
+            id="broker-alarm",
+        ),
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down")), alarms=(Alarm("disk", "r@a"),)),
+            {
+                "Ready": ("False", "BrokerUnreachable"),
+                "BrokerReachable": ("False", "BrokerUnreachable"),
+                "TopologyReady": ("Unknown", "BrokerUnreachable"),
+            },
+            [("Warning", "BrokerUnreachable")],
+            id="unreachable-before-alarm",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", unavailable="cannot read ConfigMap default/x: HTTP 500")),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("Unknown", "KubernetesAPIUnavailable"),
+            },
+            [],
+            id="workers-never-checked-api-unavailable",
         ),
         pytest.param(
             reconciled(DeclareOutcome(TOPOLOGY, failure=ManagementURLRejectedError("another host"))),
@@ -294,6 +348,89 @@ def test_the_same_failure_again_posts_nothing_and_a_recovery_posts_one_event() -
     assert events(back) == [("Normal", "Connected")]
     broker = next(c for c in back.status.conditions if c.type == "BrokerReachable")
     assert broker.last_transition_time == "2026-01-01T00:02:00Z", "moved with the status, not with each pass"
+
+
+@pytest.mark.parametrize(
+    "blip",
+    [
+        pytest.param(
+            reconciled(DeclareOutcome(TOPOLOGY, failure=KubeUnavailableError("cannot read Secret x: HTTP 500"))),
+            id="secret-unread",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", unavailable="cannot read ConfigMap x: HTTP 429")), id="cm"
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", unavailable="cannot read Deployment x: HTTP 503")), id="target"
+        ),
+    ],
+)
+def test_a_blip_of_the_kubernetes_api_changes_nothing(blip: Observations) -> None:
+    """A 5xx/429 is no NotFound, no invalid Secret, no ConfigMapFailed: the conditions stay as the last pass left
+    them, with no Event; the next pass concludes afresh."""
+    workers = WorkersOutcome("h1", pods=1, pods_current=1)
+    ready, blipped, again = run(reconciled(workers=workers), blip, reconciled(workers=workers))
+    assert conditions(blipped) == conditions(ready) == conditions(again)
+    assert blipped.status.conditions == ready.status.conditions, "not even a transition time moved"
+    assert events(blipped) == events(again) == []
+
+
+def test_a_spec_whose_secret_could_not_be_read_is_not_observed() -> None:
+    unread = DeclareOutcome(TOPOLOGY, failure=KubeUnavailableError("cannot read Secret x: HTTP 500"))
+    _, changed = run(reconciled(), dataclasses.replace(reconciled(unread), generation=4))
+    assert changed.status.observed_generation == 3
+
+
+def test_a_blip_keeps_a_configmap_failure_as_it_was() -> None:
+    failed, blipped = run(
+        reconciled(workers=WorkersOutcome("h1", configmap_error="cannot write ConfigMap x: HTTP 422")),
+        reconciled(workers=WorkersOutcome("h1", unavailable="cannot read ConfigMap x: HTTP 500")),
+    )
+    assert conditions(blipped) == conditions(failed)
+    assert conditions(blipped)["Ready"] == ("False", "WorkersNotConfigured")
+
+
+def test_a_secret_unreadable_for_long_is_said_once_and_nothing_else_changes() -> None:
+    lasting = "cannot read Secret x: the Kubernetes API does not answer (for 60 s; the settings last read are kept)"
+    ready, first, again, back = run(
+        reconciled(),
+        reconciled(settings_unavailable=lasting),
+        reconciled(settings_unavailable=lasting),
+        reconciled(),
+    )
+    assert conditions(first) == conditions(ready)
+    assert events(first) == [("Warning", "KubernetesAPIUnavailable")]
+    assert events(again) == events(back) == []
+
+
+def test_a_broker_alarm_is_seen_in_status_passes_and_its_end_asks_for_a_reconcile() -> None:
+    """A memory alarm: one Warning naming it (whichever pass sees it first, none again), no change while it lasts or
+    while the alarms cannot be seen, and when it clears a reconcile concludes afresh (one Normal Event)."""
+    memory = (Alarm("memory", "rabbit@a"),)
+    ready, alarmed, still, reconciled_meanwhile, unseen, cleared, back = run(
+        reconciled(alarms=()),
+        status_passed(alarms=memory),
+        status_passed(alarms=memory),
+        reconciled(alarms=memory),
+        status_passed(alarms=None),
+        status_passed(alarms=()),
+        reconciled(alarms=()),
+    )
+    assert conditions(ready)["Ready"] == ("True", "Reconciled")
+    assert events(alarmed) == [("Warning", "BrokerAlarm")]
+    assert conditions(alarmed)["Ready"] == conditions(alarmed)["BrokerReachable"] == ("False", "BrokerAlarm")
+    message = next(c.message for c in alarmed.status.conditions if c.type == "Ready")
+    assert "memory alarm on node rabbit@a" in message
+    assert "cannot publish retries, archives or events" in message
+    for later in (still, reconciled_meanwhile, unseen):
+        assert events(later) == []
+        assert conditions(later) == conditions(alarmed)
+        assert not later.resync
+    assert cleared.resync, "the status pass asks for a reconcile"
+    assert conditions(cleared) == conditions(alarmed)
+    assert events(back) == [("Normal", "Connected")]
+    assert conditions(back) == conditions(ready)
+    assert not back.resync
 
 
 def test_an_outage_keeps_the_counters_no_numbers_from_missing_data() -> None:

@@ -1,0 +1,122 @@
+"""A broker that blocks publishers (a memory alarm on a private RabbitMQ node with its management API): its services
+say so within two status intervals, with one Warning and a metric, and recover when it clears (issue #26)."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.kube import EmulatedApi, condition, eventually
+from tests.support.operator_process import OperatorProcess
+from tests.support.private_broker import PrivateRabbit
+
+CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
+INTERVAL = 5
+SERVICES = ("billing", "shipping")
+
+
+@pytest.fixture
+def managed_rabbit() -> Iterator[PrivateRabbit]:
+    base = pathlib.Path(tempfile.mkdtemp(prefix="ceo-rabbit-"))
+    rabbit = PrivateRabbit(base, management=True)
+    try:
+        yield rabbit.start()
+    finally:
+        rabbit.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def service(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "celeryevents.io/v1alpha1",
+        "kind": "CeleryEventService",
+        "metadata": {"name": name},
+        "spec": {
+            "broker": {"secretRef": {"name": "rabbitmq", "key": "url"}},
+            "events": {"handlers": [{"name": "orders.order.created"}]},
+            "statusIntervalSeconds": INTERVAL,
+        },
+    }
+
+
+def ready(api: EmulatedApi, name: str) -> dict[str, Any]:
+    return condition(api, "Ready", name)
+
+
+def alarm_series(operator: OperatorProcess) -> dict[str, float]:
+    return {
+        line.split('service_name="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in operator.scrape().splitlines()
+        if line.startswith("celery_event_operator_broker_alarms{")
+    }
+
+
+def test_a_memory_alarm_is_shown_on_the_services_and_cleared(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], managed_rabbit: PrivateRabbit, tmp_path: pathlib.Path
+) -> None:
+    assert managed_rabbit.management_url is not None
+    kube_api.client.create(
+        "/api/v1/namespaces/default/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "rabbitmq"},
+            "stringData": {"url": managed_rabbit.url, "managementURL": managed_rabbit.management_url},
+        },
+    )
+    operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=30).start()
+    try:
+        for name in SERVICES:
+            kube_api.client.create(CES, service(name))
+        eventually(lambda: all(ready(kube_api, n).get("status") == "True" for n in SERVICES), timeout=30)
+        eventually(lambda: alarm_series(operator) == dict.fromkeys(SERVICES, 0.0), timeout=2 * INTERVAL)
+
+        managed_rabbit.set_memory_watermark(0.000001)
+        raised = time.monotonic()
+        eventually(
+            lambda: all(ready(kube_api, n).get("reason") == "BrokerAlarm" for n in SERVICES),
+            timeout=2 * INTERVAL,
+            interval=0.2,
+            message="the alarm was not shown within two status intervals",
+        )
+        shown_after = time.monotonic() - raised
+        for name in SERVICES:
+            reachable = condition(kube_api, "BrokerReachable", name)
+            assert (reachable["status"], reachable["reason"]) == ("False", "BrokerAlarm")
+            assert reachable["message"].startswith("memory alarm on node ceo-private-")
+            assert "cannot publish retries, archives or events" in reachable["message"]
+        assert alarm_series(operator) == dict.fromkeys(SERVICES, 1.0)
+
+        managed_rabbit.set_memory_watermark(0.4)
+        cleared = time.monotonic()
+        eventually(
+            lambda: all(ready(kube_api, n).get("status") == "True" for n in SERVICES),
+            timeout=2 * INTERVAL,
+            interval=0.2,
+            message="not Ready within two status intervals after the alarm cleared",
+        )
+        print(f"\nalarm shown after {shown_after:.1f} s, cleared after {time.monotonic() - cleared:.1f} s")
+        assert condition(kube_api, "BrokerReachable", "billing")["reason"] == "Connected"
+        assert alarm_series(operator) == dict.fromkeys(SERVICES, 0.0)
+
+        def events() -> list[tuple[str, str, str]]:
+            items = kube_api.client.get("/api/v1/namespaces/default/events")["items"]
+            return sorted(
+                (e["involvedObject"]["name"], e["type"], e["reason"])
+                for e in items
+                if e["reason"] in ("BrokerAlarm", "Connected")
+            )
+
+        # kopf posts Events from a queue of its own: they may come a little after the status.
+        expected = sorted(
+            [(n, "Warning", "BrokerAlarm") for n in SERVICES] + [(n, "Normal", "Connected") for n in SERVICES]
+        )
+        eventually(lambda: events() == expected, timeout=5, message=f"one Warning and one recovery each: {events()}")
+    finally:
+        operator.stop()
