@@ -35,7 +35,7 @@ from tests.integration.injection.test_webhook import worker_pod
 from tests.integration.test_chart_variants import NAMESPACE, Pod, of_kind, render, webhook_answer
 from tests.integration.test_chart_variants import webhook_secrets as rendered_secrets
 from tests.support import rabbitmq
-from tests.support.kube import ApiError, EmulatedApi, KubeClient, eventually
+from tests.support.kube import ApiError, EmulatedApi, KubeClient, eventually, install_crds
 from tests.support.operator_process import admission_review
 from tests.support.waiting import stays
 
@@ -51,16 +51,10 @@ VARIANTS = [
 ]
 
 
-CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-
-
 def install(api: EmulatedApi, documents: list[dict[str, Any]], crd_installed: dict[str, Any]) -> None:
     """What `helm install` creates that the API serves: the CRDs not installed yet (kopf's peerings), and the RBAC
     objects."""
-    served = {item["metadata"]["name"] for item in api.client.get(CRDS)["items"]}
-    for definition in of_kind(documents, "CustomResourceDefinition"):
-        if definition["metadata"]["name"] not in served:
-            api.client.create(CRDS, definition)
+    install_crds(api, of_kind(documents, "CustomResourceDefinition"))
     for document in documents:
         base = "/apis/rbac.authorization.k8s.io/v1"
         if document["kind"] in RBAC_KINDS:

@@ -29,7 +29,7 @@ import yaml
 
 from celery_event_operator import certs
 from tests.conftest import REPO
-from tests.support.kube import EmulatedApi
+from tests.support.kube import EmulatedApi, install_crds
 from tests.support.operator_process import accepts, admission_review, free_port
 from tests.support.waiting import eventually, stays
 from tests.unit.chart.test_chart import VALUE_SETS
@@ -159,9 +159,7 @@ def test_every_rendered_operator_starts_and_serves_its_probes_and_webhook(
     values: dict[str, Any], kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path
 ) -> None:
     documents = render(values)
-    for definition in of_kind(documents, "CustomResourceDefinition"):  # installed with the chart
-        if definition["metadata"]["name"] != crd_installed["metadata"]["name"]:
-            kube_api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition)
+    install_crds(kube_api, of_kind(documents, "CustomResourceDefinition"))  # installed with the chart
     secrets, ca_bundle = webhook_secrets(documents, tmp_path)
     for index, deployment in enumerate(of_kind(documents, "Deployment")):  # one at a time: a shard per run
         pod = Pod(deployment, secrets, tmp_path / f"pod-{index}", kube_api.kubeconfig)

@@ -14,7 +14,7 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from celery_event_devcluster.access import Asked
@@ -159,3 +159,14 @@ def condition(api: EmulatedApi, type: str, name: str = "billing", namespace: str
     path = f"/apis/celeryevents.io/v1alpha1/namespaces/{namespace}/celeryeventservices/{name}"
     status = api.client.get(path).get("status") or {}
     return next((c for c in status.get("conditions", []) if c["type"] == type), {})
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def install_crds(api: EmulatedApi, definitions: Iterable[dict[str, Any]]) -> None:
+    """The CustomResourceDefinitions the API does not serve yet (a chart's: ours, kopf's peerings)."""
+    served = {item["metadata"]["name"] for item in api.client.get(CRDS)["items"]}
+    for definition in definitions:
+        if definition["metadata"]["name"] not in served:
+            api.client.create(CRDS, definition)
