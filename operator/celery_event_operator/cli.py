@@ -155,7 +155,7 @@ def _service_and_broker(args: argparse.Namespace, name: str) -> tuple[str, Any, 
     resource and its Secret), or from --broker-url."""
     from celery_event_operator.broker import address as broker_address
     from celery_event_operator.broker.control import ControlConnection
-    from celery_event_operator.broker.secret import read_settings
+    from celery_event_operator.broker.secrets import read_settings
     from celery_event_operator.broker.tls import TlsFiles
     from celery_event_operator.kubeapi import KubeApi
     from celery_event_operator.service import spec as specs

@@ -20,7 +20,8 @@ from celery_event_operator.api.models import CeleryEventServiceSpec
 from celery_event_operator.broker.alarms import Alarm
 from celery_event_operator.broker.control import ControlConnection
 from celery_event_operator.broker.management import QueueListing
-from celery_event_operator.broker.secret import BrokerSettings, SecretReader
+from celery_event_operator.broker.secrets import SecretReader
+from celery_event_operator.broker.settings import BrokerSettings
 from celery_event_operator.broker.tls import TlsFiles
 from celery_event_operator.errors import BrokerRefusedError, ManagementUnavailableError
 from celery_event_operator.lifecycle.consumers import Consumer

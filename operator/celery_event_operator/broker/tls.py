@@ -8,32 +8,14 @@ connections and removed with them. Without `ca.crt`, the system's CAs are truste
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import shutil
 import ssl
 import tempfile
 
+from celery_event_operator.broker.settings import CA_KEY, CERT_KEY, PRIVATE_KEY_KEY, TlsMaterial
 from celery_event_operator.errors import BrokerSecretError
-
-CA_KEY = "ca.crt"
-CERT_KEY = "tls.crt"
-PRIVATE_KEY_KEY = "tls.key"
-
-
-@dataclasses.dataclass(frozen=True)
-class TlsMaterial:
-    """PEM text from the Secret; never show it."""
-
-    ca: str | None = dataclasses.field(default=None, repr=False)
-    cert: str | None = dataclasses.field(default=None, repr=False)
-    key: str | None = dataclasses.field(default=None, repr=False)
-
-    @property
-    def fingerprint(self) -> tuple[bool, bool, int]:
-        """Something that changes with the material without showing it (part of a broker's identity)."""
-        return (self.ca is not None, self.cert is not None, hash((self.ca, self.cert, self.key)))
 
 
 class TlsFiles:

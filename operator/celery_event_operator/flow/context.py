@@ -8,7 +8,7 @@ import gc
 import logging
 
 from celery_event_operator.broker.brokers import Brokers
-from celery_event_operator.broker.secret import SecretReader
+from celery_event_operator.broker.secrets import SecretReader
 from celery_event_operator.cluster import Cluster
 from celery_event_operator.errors import KubeError
 from celery_event_operator.injection.catalog import InjectionCatalog

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
 from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.broker.secret import BrokerSettings
+from celery_event_operator.broker.settings import BrokerSettings
 from celery_event_operator.injection.outcome import WorkersOutcome
 from celery_event_operator.lifecycle.consumers import Consumer
 from celery_event_operator.monitoring.collector import MetricsRegistry

@@ -19,7 +19,7 @@ from kombu.connection import Connection
 from celery_event_operator.archive import operations
 from celery_event_operator.archive.messages import Selection
 from celery_event_operator.broker.control import ControlConnection
-from celery_event_operator.broker.secret import BrokerSettings
+from celery_event_operator.broker.settings import BrokerSettings
 from celery_event_operator.broker.tls import TlsFiles
 from celery_event_operator.errors import BrokerRefusedError, BrokerUnavailableError
 

@@ -19,8 +19,9 @@ from celery_event_operator import certs
 from celery_event_operator.broker import address as broker_address
 from celery_event_operator.broker.brokers import Brokers
 from celery_event_operator.broker.control import ControlConnection
-from celery_event_operator.broker.secret import BrokerSettings, SecretReader
-from celery_event_operator.broker.tls import TlsFiles, TlsMaterial
+from celery_event_operator.broker.secrets import SecretReader
+from celery_event_operator.broker.settings import BrokerSettings, TlsMaterial
+from celery_event_operator.broker.tls import TlsFiles
 from celery_event_operator.errors import BrokerUnavailableError, UnsupportedOperationError
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
 from celery_event_operator.topology import apply

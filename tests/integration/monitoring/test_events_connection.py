@@ -23,7 +23,8 @@ from kombu.connection import Connection
 
 from celery_event_operator import certs, naming
 from celery_event_operator.broker import address as broker_address
-from celery_event_operator.broker.tls import TlsFiles, TlsMaterial
+from celery_event_operator.broker.settings import TlsMaterial
+from celery_event_operator.broker.tls import TlsFiles
 from celery_event_operator.monitoring import events_connection
 from celery_event_operator.monitoring.events_connection import EventsConnection, Subscription
 from celery_event_operator.monitoring.state import MAX_EVENT_BYTES, ServiceMetrics

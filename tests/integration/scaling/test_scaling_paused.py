@@ -19,8 +19,7 @@ import pytest
 from celery_event_operator.api.models import CeleryEventServiceStatus
 from celery_event_operator.broker import address as broker_address
 from celery_event_operator.broker.brokers import Broker
-from celery_event_operator.broker.secret import BrokerSettings
-from celery_event_operator.broker.tls import TlsMaterial
+from celery_event_operator.broker.settings import BrokerSettings, TlsMaterial
 from celery_event_operator.cluster import Cluster
 from celery_event_operator.flow import steps
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi

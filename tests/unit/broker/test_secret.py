@@ -6,7 +6,7 @@ import pytest
 
 from celery_event_operator.api.models import parse_spec
 from celery_event_operator.broker.address import ManagementURLRejectedError
-from celery_event_operator.broker.secret import settings_from_secret
+from celery_event_operator.broker.settings import settings_from_secret
 from celery_event_operator.errors import BrokerSecretError
 
 SPEC = parse_spec({"broker": {"secretRef": {"name": "rabbitmq"}}})

@@ -9,8 +9,7 @@ from typing import Any
 from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
 from celery_event_operator.broker import address as broker_address
 from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.broker.secret import BrokerSettings
-from celery_event_operator.broker.tls import TlsMaterial
+from celery_event_operator.broker.settings import BrokerSettings, TlsMaterial
 from celery_event_operator.errors import KubeError, OperatorError
 from celery_event_operator.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.lifecycle.consumers import Consumer

@@ -1,12 +1,10 @@
-"""A service's broker settings, from the Secret its spec names.
+"""A service's broker settings read from the Secret its spec names (I/O; what the data means: broker/settings.py).
 
-The Secret holds the broker URL under `spec.broker.secretRef.key` and, optionally, `managementURL` (the
-management API, when it is not at the URL derived from the broker's host), `ca.crt`, `tls.crt` and
-`tls.key` (TLS). Whoever may create a CeleryEventService in a namespace makes the operator read a Secret
+Whoever may create a CeleryEventService in a namespace makes the operator read a Secret
 there on their behalf: what it reads is used only to talk to the broker the Secret names, and nothing of
 it is ever shown (errors name the Secret and the key, never a value).
 
-`settings_from_secret` is pure; `SecretReader` reads through the Kubernetes API with a short cache, so
+`SecretReader` reads through the Kubernetes API with a short cache, so
 that a thousand services sharing one Secret cost one read, and a rotated Secret is seen within seconds.
 """
 
@@ -14,18 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import time
-from collections.abc import Mapping
 
 from celery_event_operator.api.models import CeleryEventServiceSpec
-from celery_event_operator.broker import address as broker_addresses
-from celery_event_operator.broker.tls import CA_KEY, CERT_KEY, PRIVATE_KEY_KEY, TlsMaterial
-from celery_event_operator.errors import BrokerSecretError, KubeUnavailableError, OperatorError
+from celery_event_operator.broker.settings import BrokerSettings, settings_from_secret
+from celery_event_operator.errors import KubeUnavailableError, OperatorError
 from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
 
-MANAGEMENT_URL_KEY = "managementURL"
 CACHE_SECONDS = 10.0
 # While the Kubernetes API does not answer, a Secret is read again after 1, 2, 4 … s (at most CACHE_SECONDS) and
 # its last good data served; only after this long without an answer is that reported.
@@ -35,49 +29,6 @@ UNAVAILABLE_GRACE_SECONDS = 60.0
 FORGET_SECONDS = 600.0
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class BrokerSettings:
-    """Everything needed to talk to one broker as one user; `key` identifies it without showing it."""
-
-    address: broker_addresses.BrokerAddress
-    tls: TlsMaterial
-    management_url: str
-
-    @property
-    def key(self) -> str:
-        material = "\n".join((self.address.key, repr(self.tls.fingerprint), self.management_url))
-        return hashlib.sha256(material.encode()).hexdigest()[:16]
-
-
-def settings_from_secret(
-    data: Mapping[str, str], *, namespace: str, secret: str, spec: CeleryEventServiceSpec
-) -> BrokerSettings:
-    """The settings a Secret's data gives a service; BrokerSecretError / ManagementURLRejectedError otherwise."""
-    key = spec.broker.secret_ref.key
-    where = f"Secret {namespace}/{secret}"
-    if key not in data:
-        raise BrokerSecretError(f"{where} has no key {key!r} (or its value is not UTF-8 text)")
-    try:
-        address = broker_addresses.parse(
-            data[key], failover_strategy=spec.broker.failover_strategy, vhost_override=spec.broker.vhost
-        )
-    except BrokerSecretError as exc:
-        raise BrokerSecretError(f"{where} key {key!r}: {exc}") from None
-    explicit, source = (
-        (data[MANAGEMENT_URL_KEY], f"{where} key {MANAGEMENT_URL_KEY!r}")
-        if data.get(MANAGEMENT_URL_KEY)
-        else (spec.broker.management_url, "spec.broker.managementURL")
-    )
-    try:
-        management_url = address.management_url(explicit)
-    except broker_addresses.ManagementURLRejectedError as exc:
-        raise broker_addresses.ManagementURLRejectedError(f"{source}: {exc}") from None
-    tls = TlsMaterial(ca=data.get(CA_KEY), cert=data.get(CERT_KEY), key=data.get(PRIVATE_KEY_KEY))
-    if (tls.cert is None) != (tls.key is None):
-        raise BrokerSecretError(f"{where} has {CERT_KEY} or {PRIVATE_KEY_KEY} without the other")
-    return BrokerSettings(address, tls, management_url)
 
 
 def read_settings(kube: KubeApi, namespace: str, spec: CeleryEventServiceSpec) -> BrokerSettings:
