@@ -1,4 +1,4 @@
-"""The CeleryEventReplay resource: each one run by its ReplayKeeper (replay/keeper.py) in a daemon of its own.
+"""The CeleryEventReplay resource: each one run by its ReplayKeeper (flow/replays.py) in a daemon of its own.
 
 A replay goes to the operator (shard) that keeps the service it names, which also holds the one-replay-per-service
 slots. Ended replays (Succeeded True or False) are left alone: no daemon, no finalizer; a running one carries
@@ -11,12 +11,12 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.api.metadata import GROUP
-from celery_event_operator.api.models import REPLAY_PLURAL, VERSION
-from celery_event_operator.options import OperatorOptions
-from celery_event_operator.replay import plan
-from celery_event_operator.replay.keeper import ReplayKeeper, Shared
-from celery_event_operator.service.conclusion import EventNote
+from celery_event_operator.core.api.metadata import GROUP
+from celery_event_operator.core.api.models import REPLAY_PLURAL, VERSION
+from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.core.replay import plan
+from celery_event_operator.core.service.conclusion import EventNote
+from celery_event_operator.flow.replays import ReplayKeeper, Shared
 
 
 @kopf.on.startup()

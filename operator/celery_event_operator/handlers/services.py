@@ -1,4 +1,4 @@
-"""The CeleryEventService resource: each one kept true by its ServiceKeeper (flow/keeper.py).
+"""The CeleryEventService resource: each one kept true by its ServiceKeeper (flow/services.py).
 
 The change handlers reconcile at once (create, spec change, operator start); the resource's one daemon
 resyncs the topology, refreshes queue lengths and autoscales on its own schedule, and holds its events
@@ -12,13 +12,13 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.api.metadata import GROUP
-from celery_event_operator.api.models import PLURAL, VERSION
-from celery_event_operator.errors import BrokerUnavailableError, KubeUnavailableError
-from celery_event_operator.flow.keeper import ServiceKeeper
+from celery_event_operator.core.api.metadata import GROUP
+from celery_event_operator.core.api.models import PLURAL, VERSION
+from celery_event_operator.core.errors import BrokerUnavailableError, KubeUnavailableError
+from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.core.service.conclusion import EventNote, conclude_deletion
+from celery_event_operator.flow.services import ServiceKeeper
 from celery_event_operator.handlers.monitoring import service_pods
-from celery_event_operator.options import OperatorOptions
-from celery_event_operator.service.conclusion import EventNote, conclude_deletion
 
 DELETE_RETRIES = 10
 DELETE_BACKOFF_SECONDS = 15.0

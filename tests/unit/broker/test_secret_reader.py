@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.broker import secrets as secret_reading
-from celery_event_operator.errors import BrokerSecretError, KubeForbiddenError, KubeUnavailableError, OperatorError
+from celery_event_operator.adapters.broker import secrets as secret_reading
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.errors import BrokerSecretError, KubeForbiddenError, KubeUnavailableError, OperatorError
 
 SPEC = parse_spec({"broker": {"secretRef": {"name": "rabbitmq"}}})
 GOOD = {"url": "amqp://u:p@rabbit:5672/shop"}

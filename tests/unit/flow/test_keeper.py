@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
-from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.errors import (
+from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
+from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.errors import (
     BrokerSecretError,
     BrokerUnavailableError,
     KubeUnavailableError,
     ManagementUnavailableError,
 )
-from celery_event_operator.flow.keeper import ServiceKeeper
-from celery_event_operator.scaling.depths import QueueDepth
-from celery_event_operator.service.conclusion import EventNote
-from celery_event_operator.service.pods import WorkerPod
+from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.conclusion import EventNote
+from celery_event_operator.core.service.pods import WorkerPod
+from celery_event_operator.flow.services import ServiceKeeper
 from tests.unit.flow.fakes import FakeBroker, FakeBrokers, FakeCluster, FakeContext
 
 DEPTHS = (QueueDepth("billing.order", "events", 60, 1),)

@@ -6,17 +6,17 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION
-from celery_event_operator.errors import BrokerRefusedError, KubeError, KubeUnavailableError
+from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION
+from celery_event_operator.core.errors import BrokerRefusedError, KubeError, KubeUnavailableError
+from celery_event_operator.core.injection import healing
+from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.monitoring.state import ServiceMetrics
+from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service import spec as specs
+from celery_event_operator.core.service.observations import QueuesSeen
+from celery_event_operator.core.service.pods import WorkerPod
+from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.flow import steps
-from celery_event_operator.injection import healing
-from celery_event_operator.lifecycle.consumers import Consumer
-from celery_event_operator.monitoring.state import ServiceMetrics
-from celery_event_operator.scaling.depths import QueueDepth
-from celery_event_operator.service import spec as specs
-from celery_event_operator.service.observations import QueuesSeen
-from celery_event_operator.service.pods import WorkerPod
-from celery_event_operator.topology.declared import Declared
 from tests.unit.flow.fakes import FakeBroker, FakeCluster
 from tests.unit.flow.test_keeper import _Logger, resource
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from celery_event_operator.lifecycle import consumers, costs
-from celery_event_operator.lifecycle.consumers import Consumer
-from celery_event_operator.lifecycle.stuck import StuckMemory, judge
-from celery_event_operator.monitoring.running import RunningTasks
-from celery_event_operator.naming import pod_connection_name
-from celery_event_operator.service.pods import WorkerPod
+from celery_event_operator.core.lifecycle import consumers, costs
+from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.lifecycle.stuck import StuckMemory, judge
+from celery_event_operator.core.monitoring.running import RunningTasks
+from celery_event_operator.core.naming import pod_connection_name
+from celery_event_operator.core.service.pods import WorkerPod
 
 HANDLERS = frozenset({"billing.order", "billing.refund"})
 

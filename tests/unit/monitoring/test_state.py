@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_event_operator.monitoring import bounds, state
-from celery_event_operator.monitoring.bounds import SeriesSettings
-from celery_event_operator.monitoring.collector import MetricsRegistry
+from celery_event_operator.adapters.monitoring.collector import MetricsRegistry
+from celery_event_operator.core.monitoring import bounds, state
+from celery_event_operator.core.monitoring.bounds import SeriesSettings
 
 PER_POD = SeriesSettings(per_pod=True)
 W = state.SERVICE_WIDE

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator import naming
-from celery_event_operator.archive import messages
-from celery_event_operator.errors import InvalidSpecError
-from celery_event_operator.replay import plan
-from celery_event_operator.replay.slots import ReplaySlots
+from celery_event_operator.core import naming
+from celery_event_operator.core.archive import messages
+from celery_event_operator.core.errors import InvalidSpecError
+from celery_event_operator.core.replay import plan
+from celery_event_operator.core.replay.slots import ReplaySlots
 
 CREATED_AT = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 NOW = CREATED_AT + 60

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.metadata import DECLARED_ANNOTATION
-from celery_event_operator.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus, parse_spec
-from celery_event_operator.broker.address import ManagementURLRejectedError
-from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.errors import (
+from celery_event_operator.core.api.metadata import DECLARED_ANNOTATION
+from celery_event_operator.core.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus, parse_spec
+from celery_event_operator.core.broker.address import ManagementURLRejectedError
+from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.errors import (
     BrokerRefusedError,
     BrokerSecretError,
     BrokerUnavailableError,
@@ -23,10 +23,10 @@ from celery_event_operator.errors import (
     KubeUnavailableError,
     UnsupportedOperationError,
 )
-from celery_event_operator.injection.outcome import WorkersOutcome
-from celery_event_operator.lifecycle.stuck import StuckWorker
-from celery_event_operator.scaling.depths import QueueDepth
-from celery_event_operator.service.conclusion import (
+from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.lifecycle.stuck import StuckWorker
+from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.conclusion import (
     Announced,
     Conclusion,
     conclude,
@@ -34,7 +34,7 @@ from celery_event_operator.service.conclusion import (
     patch_of,
     status_of,
 )
-from celery_event_operator.service.observations import (
+from celery_event_operator.core.service.observations import (
     Evicted,
     LifecycleSeen,
     MonitoringSeen,
@@ -43,9 +43,9 @@ from celery_event_operator.service.observations import (
     Scaled,
     ScalingSeen,
 )
-from celery_event_operator.topology import outcome, plan
-from celery_event_operator.topology.declared import Declared, DeclaredQueue
-from celery_event_operator.topology.outcome import DeclareOutcome
+from celery_event_operator.core.topology import outcome, plan
+from celery_event_operator.core.topology.declared import Declared, DeclaredQueue
+from celery_event_operator.core.topology.outcome import DeclareOutcome
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 LATER = NOW + datetime.timedelta(minutes=1)
