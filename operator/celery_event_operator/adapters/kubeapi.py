@@ -196,16 +196,6 @@ class KubeApi:
                 "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, patch, _request_timeout=10
             )
 
-    def list_pod_annotations(self, namespace: str, label_selector: str) -> list[dict[str, str]]:
-        """The annotations of every pod matching the selector that is not being deleted."""
-        with _reported(f"cannot list pods in {namespace}", f"`list` on pods in namespace {namespace}"):
-            pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector, _request_timeout=10)
-        return [
-            dict(pod.metadata.annotations or {})
-            for pod in pods.items
-            if pod.metadata is not None and pod.metadata.deletion_timestamp is None
-        ]
-
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         # Gone meanwhile (404): nothing to keep on it.
         _unless_absent(
@@ -345,9 +335,10 @@ class KubeApi:
             kubernetes.config.load_kube_config(
                 config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
             )
-        # urllib3 would sleep out a 429's or 503's Retry-After on a thread of the small pool, however long: the
-        # reads' own retry (AsyncKubeApi.read) waits on the event loop, and only as long as a pass may.
-        configuration.retries = urllib3.util.Retry(total=3, respect_retry_after_header=False)
+        # urllib3 would sleep out a 429's or 503's Retry-After on a thread of the small pool, however long, and ask
+        # again after a read timeout (four times 10 s for one hung read): the reads' own retry (AsyncKubeApi.read)
+        # waits on the event loop, and only as long as a pass may. A refused connection is still tried at once.
+        configuration.retries = urllib3.util.Retry(total=3, read=0, respect_retry_after_header=False)
         return cls(kubernetes.client.ApiClient(configuration))
 
     def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:

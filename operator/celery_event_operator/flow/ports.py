@@ -1,7 +1,7 @@
 """What one pass of a service needs of the broker and of the Kubernetes API: small interfaces the flow is given
 (as messaging-topology-operator injects its RabbitMQ client factory), so that the sequencing is tested with
-fakes and the decisions, pure, are tested as tables. The adapters implement them: `broker.brokers` (Brokers,
-Broker) and `kubeapi.ClusterAccess`."""
+fakes and the decisions, pure, are tested as tables. The adapters implement them: `adapters/broker/brokers.py`
+(Brokers, Broker) and `adapters/cluster.py` (Cluster)."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class ServiceReads:
         if found is None or now - found[0] > SERVICE_READ_SECONDS:
             self._read = {k: v for k, v in self._read.items() if now - v[0] <= SERVICE_READ_SECONDS}
             try:
-                result: dict[str, Any] | KubeError = await context.kube.call(context.kube.api.read_service, *key)
+                result: dict[str, Any] | KubeError = await context.kube.read(context.kube.api.read_service, *key)
             except KubeError as exc:
                 result = exc
             found = self._read[key] = (time.monotonic(), result)
@@ -173,8 +173,8 @@ class ReplayKeeper:
             )
             await self._wait(replay, began, plan.SERVICE_NOT_FOUND, message)
             return None
-        except KubeError as exc:
-            await self._wait(replay, began, plan.SERVICE_NOT_FOUND, str(exc))
+        except KubeError as exc:  # the API's fault (not answering, a missing permission): its own reason
+            await self._wait(replay, began, exc.reason, str(exc))
             return None
         ready: Mapping[str, Any] = next(
             (c for c in (service.get("status") or {}).get("conditions") or [] if c.get("type") == conditions.READY), {}
@@ -261,14 +261,14 @@ class ReplayKeeper:
             )
             if moving.done():
                 break
-            if self._stopped or plan.spec_changed(_generation(self.body), began):
+            if self._stopped or plan.spec_changed(specs.generation_of(self.body), began):
                 runner.stop.set()  # the move returns after the event in hand
             await self._write(counters)
         tally = moving.result()  # a broker failure is raised here: the next attempt resumes
         if self._stopped:
             await self._write(counters)
             return True  # resumed by the next operator (or the resource is gone)
-        if plan.spec_changed(_generation(self.body), began):
+        if plan.spec_changed(specs.generation_of(self.body), began):
             await self._write(counters)
             await self._spec_changed()
             return True
@@ -289,7 +289,7 @@ class ReplayKeeper:
 
     async def _invalid(self, error: InvalidSpecError) -> None:
         began = self._began or plan.started(self.body.get("status") or {})
-        if began is not None and plan.spec_changed(_generation(self.body), began):
+        if began is not None and plan.spec_changed(specs.generation_of(self.body), began):
             await self._spec_changed()
             return
         self._logger.warning("replay %s refused: %s", self.name, error)
@@ -297,7 +297,9 @@ class ReplayKeeper:
 
     async def _spec_changed(self) -> None:
         message = "the spec changed after the replay started (it is immutable): nothing more is done; create another"
-        await self._end(plan.failed(self._previous(), _generation(self.body), "SpecChanged", message, now=time.time()))
+        await self._end(
+            plan.failed(self._previous(), specs.generation_of(self.body), "SpecChanged", message, now=time.time())
+        )
 
     async def _wait(self, replay: plan.Replay, began: plan.Started | None, reason: str, message: str) -> None:
         current = plan.succeeded({"conditions": self._previous()})
@@ -340,8 +342,3 @@ class ReplayKeeper:
         if "conditions" in changed:
             self._conditions = changed["conditions"]
         return True
-
-
-def _generation(body: Mapping[str, Any]) -> int | None:
-    generation = (body.get("metadata") or {}).get("generation")
-    return generation if isinstance(generation, int) else None

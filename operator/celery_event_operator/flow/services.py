@@ -22,9 +22,14 @@ from typing import Any
 
 from celery_event_operator.adapters.broker.events_connection import Subscription
 from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION
-from celery_event_operator.core.api.models import CeleryEventServiceStatus
+from celery_event_operator.core.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus
 from celery_event_operator.core.broker.alarms import Alarm
-from celery_event_operator.core.errors import InvalidSpecError, KubeUnavailableError, OperatorError
+from celery_event_operator.core.errors import (
+    BrokerUnavailableError,
+    InvalidSpecError,
+    KubeUnavailableError,
+    OperatorError,
+)
 from celery_event_operator.core.injection import healing
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.core.naming import event_exchange_name, handler_queue_name, monitor_queue_name
@@ -34,6 +39,7 @@ from celery_event_operator.core.service.conclusion import (
     Conclusion,
     EventNote,
     conclude,
+    conclude_deletion,
     patch_of,
     status_of,
 )
@@ -60,6 +66,8 @@ SCALE_READ_RESYNCS = 4
 # task events count as signs of life too); workers are swept at most this often.
 SILENCE_SECONDS = 300.0
 SWEEP_SECONDS = 30.0
+# How often an invalid spec's status pass comes (it does nothing): the spec's own default.
+DEFAULT_STATUS = CeleryEventServiceSpec.model_fields["status_interval_seconds"].default
 # A reconcile that met the Kubernetes API not answering is made again this soon (at most every resync).
 API_RETRY_SECONDS = 5.0
 
@@ -158,7 +166,8 @@ class ServiceKeeper:
             if isinstance(found, InvalidSpecError) or broker is None or self._deleting:
                 return  # the reconcile reports why
             queues, scaling = await self._count(found, broker, pods)
-            lifecycle = await self._lifecycle(found, broker, pods, queues)
+            alarms = await self._alarms(found, broker)
+            lifecycle = await self._lifecycle(found, broker, pods, queues, alarms)
             seen = Observations(
                 specs.generation_of(body),
                 found.spec,
@@ -166,9 +175,9 @@ class ServiceKeeper:
                 scaling=scaling,
                 lifecycle=lifecycle,
                 evicted=await self._heal(found, pods, lifecycle),
-                monitoring=self._monitoring(found, broker) if self._status is not None else None,
+                monitoring=self._monitoring(found, broker),
                 overflowing=self._overflowing(found),
-                alarms=await self._alarms(found, broker),
+                alarms=alarms,
             )
             conclusion = self._conclude(body, seen)
             await self._write(body, conclusion, {}, None)
@@ -224,20 +233,29 @@ class ServiceKeeper:
             await self.close()
 
     def _status_interval(self, body: Mapping[str, Any]) -> float:
-        value = ((body.get("spec") or {}).get("statusIntervalSeconds")) or 15
-        return float(value) if isinstance(value, int | float) and value > 0 else 15.0
+        found = self._understood(body)
+        return float(found.spec.status_interval_seconds if not isinstance(found, InvalidSpecError) else DEFAULT_STATUS)
 
     def _forget_secret(self, body: Mapping[str, Any]) -> None:
-        ref = ((body.get("spec") or {}).get("broker") or {}).get("secretRef") or {}
-        if isinstance(ref.get("name"), str):
-            self.context.brokers.forget_secret(self.namespace, ref["name"])
+        found = self._understood(body)
+        if not isinstance(found, InvalidSpecError):
+            self.context.brokers.forget_secret(self.namespace, found.spec.broker.secret_ref.name)
 
-    async def delete_entities(self, body: Mapping[str, Any]) -> DeclareOutcome | None:
-        """`deletionPolicy: delete`: the service's empty queues and exchanges removed (None: never acted on).
-        After the pass in hand (under the lock), no other pass runs: a resync must not declare them again."""
+    async def delete_entities(self, body: Mapping[str, Any], *, last_try: bool) -> str | None:
+        """`deletionPolicy: delete`: the service's empty queues and exchanges removed, and the Events of what was
+        removed and kept; why to try again later when the broker or the Kubernetes API (the Secret unread) did not
+        answer this time (None: done). After the pass in hand (under the lock), no other pass runs: a resync must
+        not declare them again."""
         async with self.lock:
             self._deleting = True
-            return await self._delete_entities(body)
+            outcome = await self._delete_entities(body)
+        if outcome is None:
+            return None  # never acted on: nothing of it is on the broker
+        if isinstance(outcome.failure, BrokerUnavailableError | KubeUnavailableError) and not last_try:
+            self._logger.warning("%s; deletion tried again later", outcome.failure)
+            return str(outcome.failure)
+        self.post(conclude_deletion(outcome))
+        return None
 
     async def _delete_entities(self, body: Mapping[str, Any]) -> DeclareOutcome | None:
         found = self._understood(body)
@@ -370,7 +388,12 @@ class ServiceKeeper:
         return workers.heal_after_seconds
 
     async def _lifecycle(
-        self, understood: specs.Understood, broker: ServiceBroker, pods: PodsOf, queues: QueuesSeen
+        self,
+        understood: specs.Understood,
+        broker: ServiceBroker,
+        pods: PodsOf,
+        queues: QueuesSeen,
+        alarms: tuple[Alarm, ...] | None,
     ) -> LifecycleSeen | None:
         """Deletion costs kept, stuck workers found."""
         metrics = self.context.metrics.find(self.namespace, understood.service)
@@ -385,6 +408,7 @@ class ServiceKeeper:
             memory=self._lifecycle_memory,
             queues=queues,
             events_consumed=subscription is not None and subscription.problem is None,
+            alarms=alarms,
             config_hash=self._workers[2].config_hash if self._workers is not None else None,
             now=time.monotonic(),
             logger=self._logger,
@@ -400,7 +424,8 @@ class ServiceKeeper:
         heal_after, workers = self._heal_after(understood), understood.spec.workers
         if workers is None:
             return None
-        stuck = {w.pod: w.why for w in lifecycle.stuck} if lifecycle and workers.replace_stuck_workers else {}
+        replace = lifecycle is not None and workers.replace_stuck_workers
+        stuck = {w.pod: w.why for w in lifecycle.stuck if w.replace} if lifecycle is not None and replace else {}
         if heal_after is None and not stuck:
             return None
         return await steps.heal(

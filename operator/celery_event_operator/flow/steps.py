@@ -181,6 +181,7 @@ async def keep_lifecycle(
     memory: LifecycleMemory,
     queues: QueuesSeen,
     events_consumed: bool,
+    alarms: tuple[Alarm, ...] | None,
     config_hash: str | None,
     now: float,
     logger: logging.Logger | Any,
@@ -207,6 +208,8 @@ async def keep_lifecycle(
         unchecked = "the workers' settings are not known yet"
     elif not events_consumed:
         unchecked = "the service's Celery events are not consumed (see MonitoringReady)"
+    elif alarms:
+        unchecked = "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
     if unchecked is not None or metrics is None or queues.depths is None:
         judge(
             memory.stuck,
@@ -228,7 +231,7 @@ async def keep_lifecycle(
         )
     except ManagementUnavailableError:
         consuming = None  # heartbeats are still judged
-    stuck = judge(
+    judged = judge(
         memory.stuck,
         candidates,
         last_heard=metrics.last_heard,
@@ -238,7 +241,7 @@ async def keep_lifecycle(
         now=now,
         threshold=workers.stuck_after_seconds,
     )
-    return LifecycleSeen(len(candidates), stuck, costs_written=written)
+    return LifecycleSeen(len(candidates), judged.stuck, unchecked=judged.unchecked, costs_written=written)
 
 
 async def _keep_deletion_costs(

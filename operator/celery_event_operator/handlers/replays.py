@@ -15,8 +15,8 @@ from celery_event_operator.core.api.metadata import GROUP
 from celery_event_operator.core.api.models import REPLAY_PLURAL, VERSION
 from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.replay import plan
-from celery_event_operator.core.service.conclusion import EventNote
 from celery_event_operator.flow.replays import ReplayKeeper, Shared
+from celery_event_operator.handlers.posting import events_poster
 
 
 @kopf.on.startup()
@@ -36,9 +36,4 @@ def _runs_here(namespace: str | None, spec: kopf.Spec, status: kopf.Status, memo
 async def run_replay(
     body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
-    def post(notes: tuple[EventNote, ...]) -> None:
-        for note in notes:
-            kopf.event(body, type=note.type, reason=note.reason, message=note.message)
-            (logger.warning if note.type == "Warning" else logger.info)("%s: %s", note.reason, note.message)
-
-    await ReplayKeeper(memo.context, memo.replays, body, post, logger).run(stopped)
+    await ReplayKeeper(memo.context, memo.replays, body, events_poster(body, logger), logger).run(stopped)

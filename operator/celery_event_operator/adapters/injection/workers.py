@@ -66,6 +66,7 @@ async def sync(
         return WorkersOutcome(config_hash, configmap_error=str(exc))
 
     target_error = stamped = None
+    target_reason = "ScaleTargetNotFound"
     if spec.workers is not None and spec.workers.rollout_on_change:
         target = spec.workers.scale_target_ref
         try:
@@ -83,6 +84,11 @@ async def sync(
                 stamped = f"{target.kind}/{target.name}"
         except KubeUnavailableError as exc:  # not "not found": asked again next pass
             return dataclasses.replace(count_pods(config_hash, pod_hashes), unavailable=str(exc))
-        except KubeError as exc:
-            target_error = str(exc)
-    return dataclasses.replace(count_pods(config_hash, pod_hashes), target_error=target_error, stamped=stamped)
+        except KubeError as exc:  # a missing permission is no missing workload: its own reason
+            target_error, target_reason = str(exc), exc.reason
+    return dataclasses.replace(
+        count_pods(config_hash, pod_hashes),
+        target_error=target_error,
+        target_reason=target_reason,
+        stamped=stamped,
+    )

@@ -78,10 +78,6 @@ class MetricsRegistry:
         if found is not None:
             found[0].close()
 
-    def services(self) -> list[ServiceMetrics]:
-        with self._lock:
-            return [metrics for metrics, _ in self._services.values()]
-
     def status_refreshed(self, namespace: str, name: str, interval: float) -> None:
         self.status_passes[(namespace, name)] = (time.time(), interval)
 

@@ -624,7 +624,14 @@ class ArchivedMessage(Model):
 
     event: Annotated[str, Field(max_length=255)]
     task_id: Annotated[str | None, Field(default=None, max_length=255)] = None
-    exception: Annotated[str | None, Field(default=None, max_length=SHOWN_EXCEPTION_LENGTH)] = None
+    exception: Annotated[
+        str | None,
+        Field(
+            default=None,
+            max_length=SHOWN_EXCEPTION_LENGTH,
+            description="The exception's class (its message may echo the arguments: not shown).",
+        ),
+    ] = None
     archived_at: Annotated[str | None, Field(default=None, json_schema_extra={"format": "date-time"})] = None
 
 

@@ -11,6 +11,7 @@ class WorkersOutcome:
     config_hash: str
     configmap_error: str | None = None
     target_error: str | None = None
+    target_reason: str = "ScaleTargetNotFound"  # why the target could not be seen (a 403: KubernetesAPIForbidden)
     stamped: str | None = None  # "Deployment/name" when the rollout stamp was just set
     pods: int = 0
     pods_current: int = 0

@@ -5,7 +5,9 @@ than the threshold while it is Running.
 Judged only on what is known: heartbeats only while the service's events are consumed (and the threshold counts
 from when they were consumed again, plus the time a worker takes to reconnect, so a broker outage or an operator
 restart makes no pod look silent), consumers only when the broker listed them. A pod is given the threshold from
-when it was first seen Running.
+when it was first seen Running. Silence is a pod's own only when it is not everyone's: when most pods of a
+service go silent at once, the broker or the network is the likelier cause, and none of them is judged. A pod
+never heard at all is reported but not replaced: its Celery hostname may not be its pod's name.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ RECONNECT_SECONDS = 30.0
 @dataclasses.dataclass(frozen=True)
 class StuckWorker:
     pod: str
-    why: str  # safe to show: counts and seconds
+    why: str  # safe to show, and stable while it lasts (no growing counts: status is not rewritten every pass)
+    replace: bool = True  # False: reported only
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    stuck: tuple[StuckWorker, ...] = ()
+    unchecked: str | None = None  # why the pods were not judged (then nothing is stuck)
 
 
 @dataclasses.dataclass
@@ -43,7 +52,7 @@ def judge(
     heartbeats_known: bool,
     now: float,
     threshold: float,
-) -> tuple[StuckWorker, ...]:
+) -> Judgement:
     """`pods`: the service's Running pods on its current settings. `consuming`: per pod, whether it holds a handler
     queue's consumer (None: the broker's consumers are unknown). Updates `memory`."""
     names = list(pods)
@@ -51,23 +60,35 @@ def judge(
     if not heartbeats_known:
         memory.heard_since = None
         memory.unconsumed_since.clear()
-        return ()
+        return Judgement()
     heard_since = memory.heard_since = memory.heard_since if memory.heard_since is not None else now
-    stuck = []
+    silent, stuck = [], []
     for pod in names:
         silent_since = max(
             memory.running_since[pod], heard_since + RECONNECT_SECONDS, last_heard.get(pod, -float("inf"))
         )
         if now - silent_since > threshold:
             memory.unconsumed_since.pop(pod, None)
-            stuck.append(StuckWorker(pod, f"no heartbeat for {now - silent_since:.0f} s while Running"))
+            silent.append(pod)
             continue
         if consuming is None or consuming.get(pod) is not False or waiting <= 0:
             memory.unconsumed_since.pop(pod, None)
             continue
         since = memory.unconsumed_since.setdefault(pod, now)
         if now - since > threshold:
-            why = f"heartbeats but consumes from no handler queue for {now - since:.0f} s while {waiting} messages wait"
+            why = f"heartbeats but consumes from no handler queue for over {threshold:.0f} s while messages wait"
             stuck.append(StuckWorker(pod, why))
     memory.unconsumed_since = {pod: at for pod, at in memory.unconsumed_since.items() if pod in memory.running_since}
-    return tuple(stuck)
+    heard = [pod for pod in silent if pod in last_heard]
+    if len(heard) >= 2 and 2 * len(heard) >= len(names):
+        return Judgement(
+            unchecked=f"{len(heard)} of {len(names)} workers stopped heartbeating at once: more likely the broker or "
+            "the network than the workers; none is replaced"
+        )
+    for pod in silent:
+        if pod in last_heard:
+            stuck.append(StuckWorker(pod, f"no heartbeat for over {threshold:.0f} s while Running"))
+        else:
+            why = "never heard since it runs (is its Celery hostname …@<pod name>?); reported, not replaced"
+            stuck.append(StuckWorker(pod, why, replace=False))
+    return Judgement(tuple(sorted(stuck, key=lambda worker: worker.pod)))

@@ -391,7 +391,7 @@ class ServiceMetrics:
             worker = GENERIC_WORKER if per_pod else SERVICE_WIDE
         else:
             worker = worker_of(hostname)
-            if worker in self._tombstones:
+            if self._tombstoned(worker, now):
                 if per_pod:
                     return  # a late event of a deleted pod: its series stay gone
             elif worker in self.last_heard:
@@ -537,12 +537,28 @@ class ServiceMetrics:
     def _is_live_pod(self, worker: str, now: float) -> bool:
         if worker in self._pods_seen:
             return True
+        return self._read_pods(now) and worker in self._pods_seen
+
+    def _read_pods(self, now: float) -> bool:
+        """The live pods read again (at most once per PODS_READ_SECONDS); False when they were not."""
         if self.live_pods is None or now - self._pods_read_at < PODS_READ_SECONDS:
             return False
         self._pods_seen = frozenset(self.live_pods())
         self._pods_read_at = now
         self._outside -= self._pods_seen  # workers taken for outsiders at first were pods not indexed yet
-        return worker in self._pods_seen
+        return True
+
+    def _tombstoned(self, worker: str, now: float) -> bool:
+        """A deleted pod's name: its late events are ignored — until a live pod of that name is listed after the
+        deletion (a StatefulSet's pod recreated under its name is a new worker)."""
+        since = self._tombstones.get(worker)
+        if since is None:
+            return False
+        listed = self._pods_read_at > since and worker in self._pods_seen
+        if listed or (self._read_pods(now) and worker in self._pods_seen):
+            del self._tombstones[worker]
+            return False
+        return True
 
     def overflowing(self) -> dict[str, tuple[int, int]]:
         """Label → (distinct values refused, about; values kept), for the labels past their bound."""
@@ -585,7 +601,7 @@ class ServiceMetrics:
         if kind not in ("online", "heartbeat", "offline"):
             self.dropped += 1
             return
-        if worker in self._tombstones:
+        if self._tombstoned(worker, now):
             return
         if worker in self.last_heard:
             self.last_heard[worker] = now

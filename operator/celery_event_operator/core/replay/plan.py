@@ -181,14 +181,16 @@ def done_before(matched: int, still_selected: int) -> int:
 
 
 def message_view(item: Archived | None) -> dict[str, Any] | None:
-    """An archived event as status shows it: names and ids, never its arguments."""
+    """An archived event as status shows it: names, ids and its exception's class — never its arguments, nor the
+    exception's message, which may echo them (whoever may view the namespace reads a replay's status)."""
     if item is None:
         return None
     view: dict[str, Any] = {"event": item.event[:255]}
     if item.task_id is not None:
         view["taskId"] = item.task_id[:255]
-    if item.exception is not None:
-        view["exception"] = item.exception[:SHOWN_EXCEPTION_LENGTH]
+    exception = item.exception_type or (item.exception.split(":", 1)[0] if item.exception else None)
+    if exception:
+        view["exception"] = exception[:SHOWN_EXCEPTION_LENGTH]
     if item.archived_at is not None:
         view["archivedAt"] = timestamp(item.archived_at)
     return view

@@ -40,6 +40,9 @@ WORKERS_CONFIGURED = "WorkersConfigured"
 WORKERS_HEALTHY = "WorkersHealthy"
 MONITORING_READY = "MonitoringReady"
 BROKER_ALARM = "BrokerAlarm"
+# A condition names this many stuck pods, the rest counted; so many WorkerStuck Events at most per pass.
+STUCK_NAMED = 10
+STUCK_EVENTS_PER_PASS = 5
 _ORDER = {
     conditions.READY: 0,
     BROKER_REACHABLE: 1,
@@ -65,6 +68,7 @@ class Announced:
 
     queues_problem: str | None = None  # why queue lengths are unknown
     scale_problem: str | None = None  # why the workload's /scale cannot be read
+    scaling_failure: str | None = None  # why the last change of replicas was refused
     monitoring_failure: bool = False  # the events consumer's own failure
     stuck: frozenset[str] = frozenset()  # the pods announced stuck (one Event each, per episode)
     overflowed: frozenset[str] = frozenset()  # the metric labels announced past their bound (one Event in all)
@@ -136,12 +140,16 @@ def conclude(
         announced = _scaling(fields, state, seen.scaling, announced, scaling_wanted=_scaling_wanted(seen))
     if seen.lifecycle is not None:
         announced = _lifecycle(state, seen.lifecycle, announced)
+    elif seen.spec is not None and seen.spec.workers is None:
+        state.remove(WORKERS_HEALTHY)  # no workers to keep (any more)
     if seen.evicted is not None:
         state.events.append(EventNote("Normal", "PodEvicted", f"evicted pod {seen.evicted.pod}: {seen.evicted.why}"))
     if seen.monitoring is not None:
         announced = _monitoring(state, seen.monitoring, announced)
     if seen.overflowing is not None:
-        overflowed, message = report.overflow_note(announced.overflowed, seen.overflowing)
+        # A label no longer past its bound (the series started afresh) is announced again when it is.
+        still = announced.overflowed & frozenset(seen.overflowing)
+        overflowed, message = report.overflow_note(still, seen.overflowing)
         if message is not None:
             state.events.append(EventNote("Warning", report.OVERFLOW_REASON, message))
         announced = dataclasses.replace(announced, overflowed=overflowed)
@@ -221,7 +229,7 @@ def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
             EventNote("Normal", "RolloutStarted", f"settings {workers.config_hash} stamped on {workers.stamped}")
         )
     if workers.target_error is not None:
-        state.set(WORKERS_CONFIGURED, "False", "ScaleTargetNotFound", workers.target_error)
+        state.set(WORKERS_CONFIGURED, "False", workers.target_reason, workers.target_error)
     elif workers.pods_current < workers.pods:
         healing = (
             f"; the other {workers.pods - workers.pods_current} are evicted one at a time after "
@@ -368,14 +376,16 @@ def _scaling(
         fields["replicas"] = scaling.replicas
     if scaling.desired is not None:
         fields["desired_replicas"] = scaling.desired
-    if scaling.failed is not None:
-        state.events.append(EventNote("Warning", "ScalingFailed", scaling.failed))
+    if scaling.failed is not None and scaling.failed != announced.scaling_failure:
+        state.events.append(EventNote("Warning", "ScalingFailed", scaling.failed))  # once per distinct refusal
     if scaling.scaled is not None:
         scaled = scaling.scaled
         fields["last_scale_time"] = scaled.at
         message = f"{scaled.target} from {scaled.before} to {scaled.after}: {scaled.why}"
         state.events.append(EventNote("Normal", "Scaled", message))
-    return dataclasses.replace(announced, scale_problem=None) if scaling.scale_checked else announced
+    if not scaling.scale_checked:
+        return announced  # the workload was not looked at: what was announced stays announced
+    return dataclasses.replace(announced, scale_problem=None, scaling_failure=scaling.failed)
 
 
 def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announced) -> Announced:
@@ -387,12 +397,18 @@ def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announce
         message = f"{lifecycle.judged} running workers heartbeat and consume"
         state.set(WORKERS_HEALTHY, "True", "WorkersHealthy", message)
         return dataclasses.replace(announced, stuck=frozenset())
-    message = "; ".join(f"{worker.pod}: {worker.why}" for worker in lifecycle.stuck)
+    stuck = lifecycle.stuck
+    message = "; ".join(f"{worker.pod}: {worker.why}" for worker in stuck[:STUCK_NAMED])
+    if len(stuck) > STUCK_NAMED:
+        message += f"; and {len(stuck) - STUCK_NAMED} more (celery_event_operator_stuck_workers)"
     state.set(WORKERS_HEALTHY, "False", "WorkersStuck", message, announce=False)
-    for worker in lifecycle.stuck:
-        if worker.pod not in announced.stuck:
-            state.events.append(EventNote("Warning", "WorkerStuck", f"worker pod {worker.pod}: {worker.why}"))
-    return dataclasses.replace(announced, stuck=frozenset(worker.pod for worker in lifecycle.stuck))
+    new = [worker for worker in stuck if worker.pod not in announced.stuck]
+    for worker in new[:STUCK_EVENTS_PER_PASS]:
+        state.events.append(EventNote("Warning", "WorkerStuck", f"worker pod {worker.pod}: {worker.why}"))
+    # The pods not announced yet (beyond the pass's Events) are announced in the next passes.
+    announced_now = {worker.pod for worker in stuck if worker.pod in announced.stuck}
+    announced_now |= {worker.pod for worker in new[:STUCK_EVENTS_PER_PASS]}
+    return dataclasses.replace(announced, stuck=frozenset(announced_now))
 
 
 def _monitoring(state: _Conditions, monitoring: MonitoringSeen, announced: Announced) -> Announced:
