@@ -50,7 +50,7 @@ from tests.support import bench, framed_publisher, rabbitmq
 from tests.support.kube import EmulatedApi
 from tests.support.operator_process import OperatorProcess, admission_review
 
-from celery_event_operator import naming
+from celery_event_operator.core import naming
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 PODS = "/api/v1/namespaces/default/pods"

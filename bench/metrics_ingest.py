@@ -34,11 +34,11 @@ from kombu import Consumer, Queue
 from kombu.connection import Connection
 from tests.support import framed_publisher, rabbitmq
 
-from celery_event_operator import naming
-from celery_event_operator.broker import address as broker_address
-from celery_event_operator.monitoring.events_connection import EventsConnection
-from celery_event_operator.monitoring.state import ServiceMetrics
-from celery_event_operator.topology import plan
+from celery_event_operator.adapters.broker.events_connection import EventsConnection
+from celery_event_operator.core import naming
+from celery_event_operator.core.broker import address as broker_address
+from celery_event_operator.core.monitoring.state import ServiceMetrics
+from celery_event_operator.core.topology import plan
 
 SERVICE = "bench"
 PREFETCH = 5000  # for the kombu consumer (ours consumes without acknowledgement: no prefetch limit applies)

@@ -44,10 +44,10 @@ from tests.support import bench, framed_publisher, rabbitmq
 from tests.support.kube import EmulatedApi
 from tests.support.operator_process import OperatorProcess
 
-from celery_event_operator import naming
-from celery_event_operator.api.metadata import HASH_ANNOTATION, SERVICE_LABEL
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.injection import settings
+from celery_event_operator.core import naming
+from celery_event_operator.core.api.metadata import HASH_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.injection import settings
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"

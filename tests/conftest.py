@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from celery_event_operator.api import crd
+from celery_event_operator.core.api import crd
 from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi
 from tests.support.operator_process import OperatorProcess

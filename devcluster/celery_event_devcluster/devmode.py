@@ -22,11 +22,11 @@ from celery_event_devcluster import sample_worker
 from celery_event_devcluster.command import DEFAULT_EXAMPLES
 from celery_event_devcluster.manifests import create_all, load_documents
 from celery_event_devcluster.server import serve, write_kubeconfig
-from celery_event_operator.api import crd
-from celery_event_operator.broker import address as broker_address
-from celery_event_operator.errors import BrokerSecretError
+from celery_event_operator.core.api import crd
+from celery_event_operator.core.broker import address as broker_address
+from celery_event_operator.core.errors import BrokerSecretError
+from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.handlers import admission  # importing the handlers registers them
-from celery_event_operator.options import OperatorOptions
 
 
 def with_broker_url(documents: Iterable[dict[str, Any]], broker_url: str) -> Iterator[dict[str, Any]]:

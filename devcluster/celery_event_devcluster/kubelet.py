@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from celery_event_operator.injection.settings import MOUNT_PATH
+from celery_event_operator.core.injection.settings import MOUNT_PATH
 
 _REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 

@@ -16,11 +16,11 @@ import aiohttp
 import yaml
 
 from celery_event_devcluster import kubelet
-from celery_event_operator.api.metadata import HASH_ANNOTATION
-from celery_event_operator.errors import InvalidSpecError
-from celery_event_operator.injection import pod as injection_pod
-from celery_event_operator.injection import settings
-from celery_event_operator.service import spec as specs
+from celery_event_operator.core.api.metadata import HASH_ANNOTATION
+from celery_event_operator.core.errors import InvalidSpecError
+from celery_event_operator.core.injection import pod as injection_pod
+from celery_event_operator.core.injection import settings
+from celery_event_operator.core.service import spec as specs
 
 POD_NAME = "billing-worker-dev"
 POD_PATH = f"/api/v1/namespaces/default/pods/{POD_NAME}"

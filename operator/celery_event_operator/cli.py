@@ -17,10 +17,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from celery_event_operator import options as options_module
-from celery_event_operator.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
-from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
-from celery_event_operator.options import OperatorOptions, WebhookOptions
+from celery_event_operator.core import options as options_module
+from celery_event_operator.core.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
+from celery_event_operator.core.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
+from celery_event_operator.core.options import OperatorOptions, WebhookOptions
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 # Commands of other distributions: each entry point of this group names a function that adds its command's
@@ -36,7 +36,7 @@ CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from celery_event_operator.api import crd
+    from celery_event_operator.core.api import crd
 
     stale = False
     for kind in crd.KINDS:
@@ -153,12 +153,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _service_and_broker(args: argparse.Namespace, name: str) -> tuple[str, Any, Any]:
     """(serviceName, its spec or None, its broker's control connection): through the Kubernetes API (the
     resource and its Secret), or from --broker-url."""
-    from celery_event_operator.broker import address as broker_address
-    from celery_event_operator.broker.control import ControlConnection
-    from celery_event_operator.broker.secret import read_settings
-    from celery_event_operator.broker.tls import TlsFiles
-    from celery_event_operator.kubeapi import KubeApi
-    from celery_event_operator.service import spec as specs
+    from celery_event_operator.adapters.broker.control import ControlConnection
+    from celery_event_operator.adapters.broker.secrets import read_settings
+    from celery_event_operator.adapters.broker.tls import TlsFiles
+    from celery_event_operator.adapters.kubeapi import KubeApi
+    from celery_event_operator.core.broker import address as broker_address
+    from celery_event_operator.core.service import spec as specs
 
     if args.broker_url and getattr(args, "no_cluster", False):
         return name, None, ControlConnection(broker_address.parse(args.broker_url))
@@ -176,8 +176,9 @@ def _service_and_broker(args: argparse.Namespace, name: str) -> tuple[str, Any, 
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:
-    from celery_event_operator.errors import OperatorError
-    from celery_event_operator.topology import apply, listing, plan
+    from celery_event_operator.adapters.topology import apply
+    from celery_event_operator.core.errors import OperatorError
+    from celery_event_operator.core.topology import listing, plan
 
     try:
         service, spec, broker = _service_and_broker(args, args.name)
@@ -232,8 +233,8 @@ def _progress(done: int, total: int, verb: str = "replaying") -> None:
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
-    from celery_event_operator.archive.messages import Selection
-    from celery_event_operator.errors import OperatorError
+    from celery_event_operator.core.archive.messages import Selection
+    from celery_event_operator.core.errors import OperatorError
 
     if args.action == "purge" and not args.yes:
         print("error: purging deletes archived events for good; add --yes", file=sys.stderr)
@@ -265,9 +266,9 @@ NO_OPERATOR_HINT_SECONDS = 15.0
 
 def _archive_via_cluster(args: argparse.Namespace) -> int:
     """Create a CeleryEventReplay (the user's RBAC, a record in the cluster) and follow it to its end."""
-    from celery_event_operator.errors import InvalidSpecError, OperatorError
-    from celery_event_operator.kubeapi import KubeApi
-    from celery_event_operator.replay import plan
+    from celery_event_operator.adapters.kubeapi import KubeApi
+    from celery_event_operator.core.errors import InvalidSpecError, OperatorError
+    from celery_event_operator.core.replay import plan
 
     if args.broker_url:
         print("error: --via-cluster goes through the operator's broker access: leave out --broker-url", file=sys.stderr)
@@ -315,7 +316,7 @@ def _archive_via_cluster(args: argparse.Namespace) -> int:
 
 def _follow(kube: Any, namespace: str, name: str, verb: str) -> int:
     """The replay's progress with the same bar as a replay from here, its waits as they change, then its outcome."""
-    from celery_event_operator.replay import plan
+    from celery_event_operator.core.replay import plan
 
     created_at, told, barred = time.monotonic(), "", False
     while True:
@@ -351,7 +352,8 @@ def _follow(kube: Any, namespace: str, name: str, verb: str) -> int:
 
 
 def _archive_action(args: argparse.Namespace, connection: Any, service: str, selection: Any) -> str:
-    from celery_event_operator.archive import messages, operations
+    from celery_event_operator.adapters.archive import operations
+    from celery_event_operator.core.archive import messages
 
     if args.action == "list":
         items = operations.list_archive(connection, service, selection)

@@ -19,8 +19,8 @@ from typing import Any
 import amqp
 from kombu.connection import Connection
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.topology import plan
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.topology import plan
 from tests.conftest import create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
 from tests.support import rabbitmq

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator import naming
+from celery_event_operator.core import naming
 from tests.integration.test_secrets_and_faults import CES, create_secret, service
 from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually

@@ -28,8 +28,8 @@ import yaml
 
 from celery_event_devcluster import jsonpatch, owner_references
 from celery_event_devcluster.rbac import Identity
-from celery_event_operator.api import metadata
-from celery_event_operator.kubeapi import API_CALLS
+from celery_event_operator.adapters.kubeapi import API_CALLS
+from celery_event_operator.core.api import metadata
 from tests.conftest import REPO, billing_sample
 from tests.integration.injection.test_webhook import worker_pod
 from tests.integration.test_chart_variants import NAMESPACE, Pod, of_kind, render, webhook_answer

@@ -27,7 +27,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from celery_event_operator import certs
+from celery_event_operator.adapters import certs
 from tests.conftest import REPO
 from tests.support.kube import EmulatedApi, install_crds
 from tests.support.operator_process import accepts, admission_review, free_port

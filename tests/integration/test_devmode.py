@@ -18,7 +18,7 @@ import pytest
 from kombu.connection import Connection
 
 from celery_event_devcluster import devmode
-from celery_event_operator.options import OperatorOptions
+from celery_event_operator.core.options import OperatorOptions
 from tests.conftest import REPO
 from tests.support import rabbitmq, waiting
 from tests.support.kube import eventually

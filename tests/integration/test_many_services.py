@@ -15,8 +15,8 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator import naming
-from celery_event_operator.options import shard_of
+from celery_event_operator.core import naming
+from celery_event_operator.core.options import shard_of
 from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review

@@ -10,7 +10,7 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator.api import crd
+from celery_event_operator.core.api import crd
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.support.kube import ApiError, EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess

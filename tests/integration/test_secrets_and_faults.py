@@ -17,7 +17,7 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator import naming
+from celery_event_operator.core import naming
 from tests.conftest import billing_sample
 from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually

@@ -7,7 +7,7 @@ import os
 import pathlib
 from collections.abc import Iterator
 
-from celery_event_operator.api import crd
+from celery_event_operator.core.api import crd
 from tests.support.kube import EmulatedApi
 
 

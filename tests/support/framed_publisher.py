@@ -11,7 +11,7 @@ from typing import Any
 
 from kombu.connection import Connection
 
-from celery_event_operator.monitoring import frames
+from celery_event_operator.core.monitoring import frames
 
 BASIC_PUBLISH = (60, 40)
 CONTENT_TYPE = b"application/json"

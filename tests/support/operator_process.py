@@ -15,7 +15,7 @@ import urllib.request
 import uuid
 from typing import Any
 
-from celery_event_operator import certs
+from celery_event_operator.adapters import certs
 from tests.support import waiting
 
 # Listening ports come from below the kernel's ephemeral range: a port the kernel hands out (bind to 0) is

@@ -9,8 +9,8 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from celery_event_operator import kubeapi
-from celery_event_operator.errors import (
+from celery_event_operator.adapters import kubeapi
+from celery_event_operator.core.errors import (
     KubeError,
     KubeForbiddenError,
     KubeUnavailableError,

@@ -6,16 +6,19 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import pathlib
+import tempfile
 
-from celery_event_operator.broker.brokers import Brokers
-from celery_event_operator.broker.secret import SecretReader
-from celery_event_operator.cluster import Cluster
-from celery_event_operator.errors import KubeError
-from celery_event_operator.injection.catalog import InjectionCatalog
-from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
-from celery_event_operator.monitoring.bounds import SeriesSettings
-from celery_event_operator.monitoring.collector import MetricsRegistry, serve_metrics
-from celery_event_operator.options import OperatorOptions
+from celery_event_operator.adapters import certs
+from celery_event_operator.adapters.broker.brokers import Brokers
+from celery_event_operator.adapters.broker.secrets import SecretReader
+from celery_event_operator.adapters.cluster import Cluster
+from celery_event_operator.adapters.injection.catalog import InjectionCatalog
+from celery_event_operator.adapters.kubeapi import AsyncKubeApi, KubeApi
+from celery_event_operator.adapters.monitoring.collector import MetricsRegistry, serve_metrics
+from celery_event_operator.core.errors import KubeError
+from celery_event_operator.core.monitoring.bounds import SeriesSettings
+from celery_event_operator.core.options import OperatorOptions, WebhookOptions
 
 # Python's cycle collector traverses every tracked object in its full passes: at a thousand services (kopf's bodies
 # and indexes, the models of every spec) they held the event loop — the webhook's and the events' — ~0.9 s each,
@@ -30,6 +33,15 @@ def freeze_settled_heap() -> None:
     logging.getLogger(__name__).info(
         "%d objects of the settled operator frozen for the collector", gc.get_freeze_count()
     )
+
+
+def webhook_certificate(options: WebhookOptions) -> tuple[str, str]:
+    """The webhook's certificate and key files: the given ones, else a self-signed pair for its host."""
+    if options.cert_file and options.key_file:
+        return options.cert_file, options.key_file
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="celery-event-operator-webhook-"))
+    certfile, keyfile = certs.self_signed(directory, [options.host, "localhost", "127.0.0.1"])
+    return str(certfile), str(keyfile)
 
 
 @dataclasses.dataclass

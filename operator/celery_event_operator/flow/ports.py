@@ -1,25 +1,25 @@
 """What one pass of a service needs of the broker and of the Kubernetes API: small interfaces the flow is given
 (as messaging-topology-operator injects its RabbitMQ client factory), so that the sequencing is tested with
-fakes and the decisions, pure, are tested as tables. The adapters implement them: `broker.brokers` (Brokers,
-Broker) and `kubeapi.ClusterAccess`."""
+fakes and the decisions, pure, are tested as tables. The adapters implement them: `adapters/broker/brokers.py`
+(Brokers, Broker) and `adapters/cluster.py` (Cluster)."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
-from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.broker.secret import BrokerSettings
-from celery_event_operator.injection.outcome import WorkersOutcome
-from celery_event_operator.lifecycle.consumers import Consumer
-from celery_event_operator.monitoring.collector import MetricsRegistry
-from celery_event_operator.monitoring.events_connection import Subscription
-from celery_event_operator.monitoring.state import ServiceMetrics
-from celery_event_operator.options import OperatorOptions
-from celery_event_operator.scaling.depths import QueueDepth
-from celery_event_operator.topology.declared import Declared
-from celery_event_operator.topology.outcome import Report
-from celery_event_operator.topology.plan import Topology
+from celery_event_operator.adapters.broker.events_connection import Subscription
+from celery_event_operator.adapters.monitoring.collector import MetricsRegistry
+from celery_event_operator.core.api.models import CeleryEventServiceSpec, ScaleTargetRef
+from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.broker.settings import BrokerSettings
+from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.monitoring.state import ServiceMetrics
+from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.topology.declared import Declared
+from celery_event_operator.core.topology.outcome import Report
+from celery_event_operator.core.topology.plan import Topology
 
 
 class EventsFeed(Protocol):

@@ -8,24 +8,23 @@ import datetime
 import logging
 from typing import Any
 
-from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
-from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.errors import (
+from celery_event_operator.adapters.broker.events_connection import Subscription
+from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.errors import (
     BrokerUnavailableError,
     KubeError,
     KubeUnavailableError,
     ManagementUnavailableError,
     OperatorError,
 )
-from celery_event_operator.flow.ports import ClusterAccess, ServiceBroker
-from celery_event_operator.injection import healing
-from celery_event_operator.lifecycle import consumers, costs
-from celery_event_operator.lifecycle.stuck import StuckMemory, judge
-from celery_event_operator.monitoring.events_connection import Subscription
-from celery_event_operator.monitoring.state import ServiceMetrics
-from celery_event_operator.scaling import policy
-from celery_event_operator.scaling.depths import counters
-from celery_event_operator.service.observations import (
+from celery_event_operator.core.injection import healing
+from celery_event_operator.core.lifecycle import consumers, costs
+from celery_event_operator.core.lifecycle.stuck import StuckMemory, judge
+from celery_event_operator.core.monitoring.state import ServiceMetrics
+from celery_event_operator.core.scaling import policy
+from celery_event_operator.core.scaling.depths import counters
+from celery_event_operator.core.service.observations import (
     Evicted,
     LifecycleSeen,
     MonitoringSeen,
@@ -33,11 +32,12 @@ from celery_event_operator.service.observations import (
     Scaled,
     ScalingSeen,
 )
-from celery_event_operator.service.pods import WorkerPod
-from celery_event_operator.service.spec import Understood
-from celery_event_operator.topology.declared import Declared
-from celery_event_operator.topology.outcome import DeclareOutcome
-from celery_event_operator.topology.plan import Topology
+from celery_event_operator.core.service.pods import WorkerPod
+from celery_event_operator.core.service.spec import Understood
+from celery_event_operator.core.topology.declared import Declared
+from celery_event_operator.core.topology.outcome import DeclareOutcome
+from celery_event_operator.core.topology.plan import Topology
+from celery_event_operator.flow.ports import ClusterAccess, ServiceBroker
 
 # At most this many pods' deletion costs are patched per service and pass (the rest in the next passes); one sent
 # is not sent again before the watch brought it back or this long passed.
@@ -181,6 +181,7 @@ async def keep_lifecycle(
     memory: LifecycleMemory,
     queues: QueuesSeen,
     events_consumed: bool,
+    alarms: tuple[Alarm, ...] | None,
     config_hash: str | None,
     now: float,
     logger: logging.Logger | Any,
@@ -207,6 +208,8 @@ async def keep_lifecycle(
         unchecked = "the workers' settings are not known yet"
     elif not events_consumed:
         unchecked = "the service's Celery events are not consumed (see MonitoringReady)"
+    elif alarms:
+        unchecked = "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
     if unchecked is not None or metrics is None or queues.depths is None:
         judge(
             memory.stuck,
@@ -228,7 +231,7 @@ async def keep_lifecycle(
         )
     except ManagementUnavailableError:
         consuming = None  # heartbeats are still judged
-    stuck = judge(
+    judged = judge(
         memory.stuck,
         candidates,
         last_heard=metrics.last_heard,
@@ -238,7 +241,7 @@ async def keep_lifecycle(
         now=now,
         threshold=workers.stuck_after_seconds,
     )
-    return LifecycleSeen(len(candidates), stuck, costs_written=written)
+    return LifecycleSeen(len(candidates), judged.stuck, unchecked=judged.unchecked, costs_written=written)
 
 
 async def _keep_deletion_costs(

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery_event_operator.errors import KubeError
+from celery_event_operator.core.errors import KubeError
 from celery_event_operator.flow.ports import ClusterAccess
 
 # A field sent and not yet seen back in the body is sent again only after this long.

@@ -12,9 +12,9 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.api.metadata import SERVICE_LABEL, WARNING_ANNOTATION
+from celery_event_operator.core.api.metadata import SERVICE_LABEL, WARNING_ANNOTATION
+from celery_event_operator.core.injection import pod
 from celery_event_operator.flow.context import Context
-from celery_event_operator.injection import pod
 
 WEBHOOK_ID = "inject-celery-settings"
 

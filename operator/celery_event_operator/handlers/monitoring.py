@@ -10,8 +10,8 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION, HASH_ANNOTATION, SERVICE_LABEL
-from celery_event_operator.service.pods import PodsOf, WorkerPod
+from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, HASH_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.core.service.pods import PodsOf, WorkerPod
 
 
 @kopf.index("v1", "pods", labels={SERVICE_LABEL: kopf.PRESENT})

@@ -1,4 +1,4 @@
-"""The CeleryEventReplay resource: each one run by its ReplayKeeper (replay/keeper.py) in a daemon of its own.
+"""The CeleryEventReplay resource: each one run by its ReplayKeeper (flow/replays.py) in a daemon of its own.
 
 A replay goes to the operator (shard) that keeps the service it names, which also holds the one-replay-per-service
 slots. Ended replays (Succeeded True or False) are left alone: no daemon, no finalizer; a running one carries
@@ -11,12 +11,12 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.api.metadata import GROUP
-from celery_event_operator.api.models import REPLAY_PLURAL, VERSION
-from celery_event_operator.options import OperatorOptions
-from celery_event_operator.replay import plan
-from celery_event_operator.replay.keeper import ReplayKeeper, Shared
-from celery_event_operator.service.conclusion import EventNote
+from celery_event_operator.core.api.metadata import GROUP
+from celery_event_operator.core.api.models import REPLAY_PLURAL, VERSION
+from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.core.replay import plan
+from celery_event_operator.flow.replays import ReplayKeeper, Shared
+from celery_event_operator.handlers.posting import events_poster
 
 
 @kopf.on.startup()
@@ -36,9 +36,4 @@ def _runs_here(namespace: str | None, spec: kopf.Spec, status: kopf.Status, memo
 async def run_replay(
     body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
-    def post(notes: tuple[EventNote, ...]) -> None:
-        for note in notes:
-            kopf.event(body, type=note.type, reason=note.reason, message=note.message)
-            (logger.warning if note.type == "Warning" else logger.info)("%s: %s", note.reason, note.message)
-
-    await ReplayKeeper(memo.context, memo.replays, body, post, logger).run(stopped)
+    await ReplayKeeper(memo.context, memo.replays, body, events_poster(body, logger), logger).run(stopped)

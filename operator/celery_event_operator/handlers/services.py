@@ -1,4 +1,4 @@
-"""The CeleryEventService resource: each one kept true by its ServiceKeeper (flow/keeper.py).
+"""The CeleryEventService resource: each one kept true by its ServiceKeeper (flow/services.py).
 
 The change handlers reconcile at once (create, spec change, operator start); the resource's one daemon
 resyncs the topology, refreshes queue lengths and autoscales on its own schedule, and holds its events
@@ -7,18 +7,16 @@ consumer. Deletion with `deletionPolicy: delete` removes the service's empty que
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import kopf
 
-from celery_event_operator.api.metadata import GROUP
-from celery_event_operator.api.models import PLURAL, VERSION
-from celery_event_operator.errors import BrokerUnavailableError, KubeUnavailableError
-from celery_event_operator.flow.keeper import ServiceKeeper
+from celery_event_operator.core.api.metadata import GROUP
+from celery_event_operator.core.api.models import PLURAL, VERSION
+from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.flow.services import ServiceKeeper
 from celery_event_operator.handlers.monitoring import service_pods
-from celery_event_operator.options import OperatorOptions
-from celery_event_operator.service.conclusion import EventNote, conclude_deletion
+from celery_event_operator.handlers.posting import events_poster
 
 DELETE_RETRIES = 10
 DELETE_BACKOFF_SECONDS = 15.0
@@ -28,14 +26,8 @@ def _keeper(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) -> ServiceKee
     """The resource's keeper (kopf keeps one memo per resource, shared by its handlers and daemon)."""
     keeper: ServiceKeeper | None = memo.get("keeper")
     if keeper is None:
-
-        def post(notes: Iterable[EventNote]) -> None:
-            for note in notes:
-                kopf.event(body, type=note.type, reason=note.reason, message=note.message)
-                (logger.warning if note.type == "Warning" else logger.info)("%s: %s", note.reason, note.message)
-
         keeper = memo["keeper"] = ServiceKeeper(
-            memo.context, body.metadata.namespace or "", body.metadata.name or "", post, logger
+            memo.context, body.metadata.namespace or "", body.metadata.name or "", events_poster(body, logger), logger
         )
     return keeper
 
@@ -85,12 +77,6 @@ def _deletes_entities(spec: kopf.Spec, **kwargs: Any) -> bool:
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, when=_deletes_entities, retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_SECONDS)
 async def delete_service_entities(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, retry: int, **_: Any) -> None:
-    keeper = _keeper(body, memo, logger)
-    outcome = await keeper.delete_entities(body)
-    if outcome is None:
-        return  # never acted on: nothing of it is on the broker
-    # The broker or the Kubernetes API (the Secret unread) did not answer this time: asked again.
-    if isinstance(outcome.failure, BrokerUnavailableError | KubeUnavailableError) and retry < DELETE_RETRIES - 1:
-        logger.warning("%s; deletion retried in %.0fs", outcome.failure, DELETE_BACKOFF_SECONDS)
-        raise kopf.TemporaryError(str(outcome.failure), delay=DELETE_BACKOFF_SECONDS)
-    keeper.post(conclude_deletion(outcome))
+    retry_because = await _keeper(body, memo, logger).delete_entities(body, last_try=retry >= DELETE_RETRIES - 1)
+    if retry_because is not None:
+        raise kopf.TemporaryError(retry_because, delay=DELETE_BACKOFF_SECONDS)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import logging
-import pathlib
-import tempfile
 from typing import Any
 
 import kopf
 
-from celery_event_operator import certs
-from celery_event_operator.api.metadata import FINALIZER, KOPF_ANNOTATION_PREFIX
-from celery_event_operator.flow.context import Context
-from celery_event_operator.options import PEERING_LIFETIME_SECONDS, OperatorOptions, WebhookOptions
+from celery_event_operator.core.api.metadata import FINALIZER, KOPF_ANNOTATION_PREFIX
+from celery_event_operator.core.options import PEERING_LIFETIME_SECONDS, OperatorOptions, WebhookOptions
+from celery_event_operator.flow.context import Context, webhook_certificate
 
 
 @kopf.on.startup()
@@ -32,12 +29,7 @@ async def disconnect(memo: kopf.Memo, **_: Any) -> None:
 
 
 def webhook_server(options: WebhookOptions) -> kopf.WebhookServer:
-    certfile, keyfile = options.cert_file, options.key_file
-    if not certfile or not keyfile:
-        directory = pathlib.Path(tempfile.mkdtemp(prefix="celery-event-operator-webhook-"))
-        certfile, keyfile = (
-            str(path) for path in certs.self_signed(directory, [options.host, "localhost", "127.0.0.1"])
-        )
+    certfile, keyfile = webhook_certificate(options)
     return kopf.WebhookServer(
         addr=options.addr, port=options.port, host=options.host, certfile=certfile, pkeyfile=keyfile
     )

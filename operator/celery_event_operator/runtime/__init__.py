@@ -1,7 +1,6 @@
 """The worker side: a Celery app on the operator's topology (imports celery and kombu only).
 
     from celery_event_operator.runtime import events_app
-
     app = events_app()                     # settings injected by the operator into the pod
 
     @app.event("orders.order.created")

@@ -16,9 +16,9 @@ from celery.exceptions import Ignore, NotRegistered, Reject, Retry
 from celery.worker.consumer import Consumer
 from kombu.entity import Exchange, Queue
 
-from celery_event_operator import naming
-from celery_event_operator.broker.address import with_vhost
-from celery_event_operator.worker_settings import ROBUST_CELERY_SETTINGS
+from celery_event_operator.core import naming
+from celery_event_operator.core.broker.address import with_vhost
+from celery_event_operator.core.worker_settings import ROBUST_CELERY_SETTINGS
 
 logger = logging.getLogger(__name__)
 

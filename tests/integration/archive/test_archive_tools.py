@@ -16,9 +16,10 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator import naming
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.topology import apply, plan
+from celery_event_operator.adapters.topology import apply
+from celery_event_operator.core import naming
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.topology import plan
 from tests.conftest import create_broker_secret
 from tests.support.kube import EmulatedApi, eventually
 

@@ -15,16 +15,17 @@ import kubernetes
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator import certs
-from celery_event_operator.broker import address as broker_address
-from celery_event_operator.broker.brokers import Brokers
-from celery_event_operator.broker.control import ControlConnection
-from celery_event_operator.broker.secret import BrokerSettings, SecretReader
-from celery_event_operator.broker.tls import TlsFiles, TlsMaterial
-from celery_event_operator.errors import BrokerUnavailableError, UnsupportedOperationError
-from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
-from celery_event_operator.topology import apply
-from celery_event_operator.topology.plan import Queue, Topology
+from celery_event_operator.adapters import certs
+from celery_event_operator.adapters.broker.brokers import Brokers
+from celery_event_operator.adapters.broker.control import ControlConnection
+from celery_event_operator.adapters.broker.secrets import SecretReader
+from celery_event_operator.adapters.broker.tls import TlsFiles
+from celery_event_operator.adapters.kubeapi import AsyncKubeApi, KubeApi
+from celery_event_operator.adapters.topology import apply
+from celery_event_operator.core.broker import address as broker_address
+from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
+from celery_event_operator.core.errors import BrokerUnavailableError, UnsupportedOperationError
+from celery_event_operator.core.topology.plan import Queue, Topology
 from tests.support import rabbitmq
 from tests.support.operator_process import free_port
 from tests.support.private_broker import PrivateRabbit

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from celery_event_operator.api import metadata
+from celery_event_operator.core.api import metadata
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import admitted, worker_pod
 from tests.support.kube import EmulatedApi, condition, eventually

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api import metadata
-from celery_event_operator.injection import settings as injection_settings
+from celery_event_operator.core.api import metadata
+from celery_event_operator.core.injection import settings as injection_settings
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess

@@ -20,9 +20,9 @@ import pytest
 from kombu.connection import Connection
 
 from celery_event_devcluster import jsonpatch
-from celery_event_operator.api.models import CeleryEventServiceSpec
+from celery_event_operator.core.api.models import CeleryEventServiceSpec
+from celery_event_operator.core.topology import plan
 from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
-from celery_event_operator.topology import plan
 from tests.conftest import billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
 from tests.support import rabbitmq

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator import naming
-from celery_event_operator.api import metadata
-from celery_event_operator.lifecycle.stuck import RECONNECT_SECONDS
+from celery_event_operator.core import naming
+from celery_event_operator.core.api import metadata
+from celery_event_operator.core.lifecycle.stuck import RECONNECT_SECONDS
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_healing import admitted_with_settings
 from tests.support.kube import EmulatedApi, condition, eventually

@@ -21,12 +21,14 @@ import pytest
 from celery.events.event import Event
 from kombu.connection import Connection
 
-from celery_event_operator import certs, naming
-from celery_event_operator.broker import address as broker_address
-from celery_event_operator.broker.tls import TlsFiles, TlsMaterial
-from celery_event_operator.monitoring import events_connection
-from celery_event_operator.monitoring.events_connection import EventsConnection, Subscription
-from celery_event_operator.monitoring.state import MAX_EVENT_BYTES, ServiceMetrics
+from celery_event_operator.adapters import certs
+from celery_event_operator.adapters.broker import events_connection
+from celery_event_operator.adapters.broker.events_connection import EventsConnection, Subscription
+from celery_event_operator.adapters.broker.tls import TlsFiles
+from celery_event_operator.core import naming
+from celery_event_operator.core.broker import address as broker_address
+from celery_event_operator.core.broker.settings import TlsMaterial
+from celery_event_operator.core.monitoring.state import MAX_EVENT_BYTES, ServiceMetrics
 from tests.support import pki, rabbitmq
 from tests.support.private_broker import PrivateRabbit
 from tests.support.waiting import eventually

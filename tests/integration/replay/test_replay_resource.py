@@ -182,7 +182,7 @@ def test_a_filtered_rate_limited_replay_sends_exactly_its_events_to_the_workers(
     assert status["firstMessage"]["taskId"] == ids[CREATED][0]
     assert status["lastMessage"]["taskId"] == ids[CREATED][-1]
     assert status["firstMessage"]["event"] == CREATED
-    assert status["firstMessage"]["exception"].startswith("ValueError: order ")
+    assert status["firstMessage"]["exception"] == "ValueError", "the class, never the message (it may echo data)"
     took = _seconds(status["completionTime"]) - _seconds(status["startTime"])
     assert took >= 2, f"300 events at 100/s took {took} s"
 

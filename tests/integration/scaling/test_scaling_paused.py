@@ -16,17 +16,16 @@ from typing import Any
 import kubernetes
 import pytest
 
-from celery_event_operator.api.models import CeleryEventServiceStatus
-from celery_event_operator.broker import address as broker_address
-from celery_event_operator.broker.brokers import Broker
-from celery_event_operator.broker.secret import BrokerSettings
-from celery_event_operator.broker.tls import TlsMaterial
-from celery_event_operator.cluster import Cluster
+from celery_event_operator.adapters.broker.brokers import Broker
+from celery_event_operator.adapters.cluster import Cluster
+from celery_event_operator.adapters.kubeapi import AsyncKubeApi, KubeApi
+from celery_event_operator.core.api.models import CeleryEventServiceStatus
+from celery_event_operator.core.broker import address as broker_address
+from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
+from celery_event_operator.core.service import spec as specs
+from celery_event_operator.core.service.conclusion import Announced, conclude
+from celery_event_operator.core.service.observations import Observations
 from celery_event_operator.flow import steps
-from celery_event_operator.kubeapi import AsyncKubeApi, KubeApi
-from celery_event_operator.service import spec as specs
-from celery_event_operator.service.conclusion import Announced, conclude
-from celery_event_operator.service.observations import Observations
 from tests.conftest import billing_sample
 from tests.support.operator_process import free_port
 

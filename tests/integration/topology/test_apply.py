@@ -11,9 +11,10 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.topology import apply, plan
-from celery_event_operator.topology.declared import Declared
+from celery_event_operator.adapters.topology import apply
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.topology import plan
+from celery_event_operator.core.topology.declared import Declared
 from tests.support import rabbitmq
 from tests.support.kube import eventually
 from tests.support.waiting import stays

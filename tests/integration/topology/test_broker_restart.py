@@ -14,7 +14,8 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator.topology import apply, plan
+from celery_event_operator.adapters.topology import apply
+from celery_event_operator.core.topology import plan
 from tests.integration.topology.test_apply import EVENT, spec
 from tests.support import waiting
 from tests.support.private_broker import PrivateRabbit

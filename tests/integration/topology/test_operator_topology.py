@@ -11,8 +11,8 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.topology import plan
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.topology import plan
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.support import rabbitmq
 from tests.support.kube import ApiError, EmulatedApi, condition, eventually

@@ -4,8 +4,8 @@ import datetime
 
 import pytest
 
-from celery_event_operator.api import conditions
-from celery_event_operator.api.models import Condition, ConditionStatus
+from celery_event_operator.core.api import conditions
+from celery_event_operator.core.api.models import Condition, ConditionStatus
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)

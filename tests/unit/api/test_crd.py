@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from celery_event_operator import cli
-from celery_event_operator.api import crd, models
+from celery_event_operator.core.api import crd, models
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 

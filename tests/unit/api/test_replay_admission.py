@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api import crd
-from celery_event_operator.api.models import parse_replay_spec
-from celery_event_operator.errors import InvalidSpecError
+from celery_event_operator.core.api import crd
+from celery_event_operator.core.api.models import parse_replay_spec
+from celery_event_operator.core.errors import InvalidSpecError
 from tests.conftest import load_examples
 from tests.support.crd_validation import Violation, admit
 

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from celery_event_operator import cli, naming
-from celery_event_operator.archive import messages
+from celery_event_operator import cli
+from celery_event_operator.core import naming
+from celery_event_operator.core.archive import messages
 
 NOW = 1_800_000_000.0
 

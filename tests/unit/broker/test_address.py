@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator.broker import address as broker_address
-from celery_event_operator.errors import BrokerSecretError
+from celery_event_operator.core.broker import address as broker_address
+from celery_event_operator.core.errors import BrokerSecretError
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.broker.alarms import Alarm, alarms_of, describe
+from celery_event_operator.core.broker.alarms import Alarm, alarms_of, describe
 
 # As measured on a node with `rabbitmqctl set_vm_memory_high_watermark 0.000001`.
 MEMORY = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.broker.address import ManagementURLRejectedError
-from celery_event_operator.broker.secret import settings_from_secret
-from celery_event_operator.errors import BrokerSecretError
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.broker.address import ManagementURLRejectedError
+from celery_event_operator.core.broker.settings import settings_from_secret
+from celery_event_operator.core.errors import BrokerSecretError
 
 SPEC = parse_spec({"broker": {"secretRef": {"name": "rabbitmq"}}})
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.broker import secret
-from celery_event_operator.errors import BrokerSecretError, KubeForbiddenError, KubeUnavailableError, OperatorError
+from celery_event_operator.adapters.broker import secrets as secret_reading
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.errors import BrokerSecretError, KubeForbiddenError, KubeUnavailableError, OperatorError
 
 SPEC = parse_spec({"broker": {"secretRef": {"name": "rabbitmq"}}})
 GOOD = {"url": "amqp://u:p@rabbit:5672/shop"}
@@ -46,13 +46,13 @@ class _Secrets:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     found = _Clock()
-    monkeypatch.setattr(secret, "time", found)
+    monkeypatch.setattr(secret_reading, "time", found)
     return found
 
 
-def _reader(secrets: _Secrets) -> secret.SecretReader:
+def _reader(secrets: _Secrets) -> secret_reading.SecretReader:
     kube: Any = secrets
-    return secret.SecretReader(kube)
+    return secret_reading.SecretReader(kube)
 
 
 UNAVAILABLE = KubeUnavailableError("cannot read Secret shop/rabbitmq: HTTP 503 Service Unavailable")
@@ -63,7 +63,7 @@ async def test_the_last_good_data_is_served_while_the_api_does_not_answer(clock:
     reader = _reader(secrets)
     first = await reader.settings("shop", SPEC)
     secrets.answer = UNAVAILABLE
-    clock.now += secret.CACHE_SECONDS + 1
+    clock.now += secret_reading.CACHE_SECONDS + 1
     assert await reader.settings("shop", SPEC) == first
     assert secrets.reads == 2
     # Read again with backoff (1, 2, 4 … s), not on every call meanwhile.
@@ -77,12 +77,12 @@ async def test_the_last_good_data_is_served_while_the_api_does_not_answer(clock:
     await reader.settings("shop", SPEC)
     assert secrets.reads == 3, "the second pause is 2 s"
     # Lasting: said as the API's fault (the caller keeps its broker), never BrokerSecretInvalid.
-    clock.now += secret.UNAVAILABLE_GRACE_SECONDS
+    clock.now += secret_reading.UNAVAILABLE_GRACE_SECONDS
     with pytest.raises(KubeUnavailableError, match=r"does not answer \(for 60 s; the settings last read are kept\)"):
         await reader.settings("shop", SPEC)
     # The API answers again: all is as before.
     secrets.answer = GOOD
-    clock.now += secret.CACHE_SECONDS
+    clock.now += secret_reading.CACHE_SECONDS
     assert await reader.settings("shop", SPEC) == first
 
 
@@ -94,7 +94,7 @@ async def test_nothing_read_yet_is_said_at_once_and_read_again_soon(clock: _Cloc
         await reader.settings("shop", SPEC)
     assert raised.value.reason == "KubernetesAPIUnavailable"
     secrets.answer = GOOD
-    clock.now += secret.UNAVAILABLE_BACKOFF_SECONDS
+    clock.now += secret_reading.UNAVAILABLE_BACKOFF_SECONDS
     assert (await reader.settings("shop", SPEC)).address.vhost == "shop"
 
 
@@ -116,7 +116,7 @@ async def test_a_secret_gone_or_forbidden_is_not_served_from_memory(
     reader = _reader(secrets)
     await reader.settings("shop", SPEC)
     secrets.answer = failure
-    clock.now += secret.CACHE_SECONDS + 1
+    clock.now += secret_reading.CACHE_SECONDS + 1
     with pytest.raises(OperatorError) as raised:
         await reader.settings("shop", SPEC)
     assert raised.value.reason == reason
@@ -137,6 +137,6 @@ async def test_a_secret_no_service_asks_for_is_forgotten(clock: _Clock) -> None:
     reader = _reader(secrets)
     await reader.settings("shop", SPEC)
     other = parse_spec({"broker": {"secretRef": {"name": "other"}}})
-    clock.now += secret.FORGET_SECONDS + 1
+    clock.now += secret_reading.FORGET_SECONDS + 1
     await reader.settings("shop", other)
     assert set(reader._read) == {("shop", "other")}

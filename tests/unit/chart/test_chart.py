@@ -15,11 +15,11 @@ import yaml
 
 from celery_event_devcluster.rbac import Identity, Policy, Request, forbidden_message
 from celery_event_operator import cli
-from celery_event_operator.api import crd
-from celery_event_operator.kubeapi import API_CALLS
-from celery_event_operator.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
-from celery_event_operator.monitoring.exposition import FAMILIES
-from celery_event_operator.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
+from celery_event_operator.adapters.kubeapi import API_CALLS
+from celery_event_operator.core.api import crd
+from celery_event_operator.core.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
+from celery_event_operator.core.monitoring.exposition import FAMILIES
+from celery_event_operator.core.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 from tests.conftest import REPO
 from tests.support import metric_names
 

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from celery_event_devcluster import printing
-from celery_event_operator.api import crd
+from celery_event_operator.core.api import crd
 
 OBJ = {
     "metadata": {"name": "billing", "creationTimestamp": "2026-01-01T00:00:00Z"},

@@ -6,22 +6,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from celery_event_operator.api.models import CeleryEventServiceSpec, ScaleTargetRef
-from celery_event_operator.broker import address as broker_address
-from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.broker.secret import BrokerSettings
-from celery_event_operator.broker.tls import TlsMaterial
-from celery_event_operator.errors import KubeError, OperatorError
-from celery_event_operator.injection.outcome import WorkersOutcome, count_pods
-from celery_event_operator.lifecycle.consumers import Consumer
-from celery_event_operator.monitoring.collector import MetricsRegistry
-from celery_event_operator.monitoring.events_connection import Subscription
-from celery_event_operator.monitoring.state import ServiceMetrics
-from celery_event_operator.options import OperatorOptions
-from celery_event_operator.scaling.depths import QueueDepth
-from celery_event_operator.topology.declared import Declared
-from celery_event_operator.topology.outcome import Report
-from celery_event_operator.topology.plan import Topology
+from celery_event_operator.adapters.broker.events_connection import Subscription
+from celery_event_operator.adapters.monitoring.collector import MetricsRegistry
+from celery_event_operator.core.api.models import CeleryEventServiceSpec, ScaleTargetRef
+from celery_event_operator.core.broker import address as broker_address
+from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
+from celery_event_operator.core.errors import KubeError, OperatorError
+from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
+from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.monitoring.state import ServiceMetrics
+from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.topology.declared import Declared
+from celery_event_operator.core.topology.outcome import Report
+from celery_event_operator.core.topology.plan import Topology
 
 ADDRESS = broker_address.parse("amqp://user:secret@broker.example:5672/shop")
 SETTINGS = BrokerSettings(ADDRESS, TlsMaterial(), ADDRESS.management_url())

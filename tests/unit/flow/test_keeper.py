@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
-from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.errors import (
+from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
+from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.errors import (
     BrokerSecretError,
     BrokerUnavailableError,
     KubeUnavailableError,
     ManagementUnavailableError,
 )
-from celery_event_operator.flow.keeper import ServiceKeeper
-from celery_event_operator.scaling.depths import QueueDepth
-from celery_event_operator.service.conclusion import EventNote
-from celery_event_operator.service.pods import WorkerPod
+from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.conclusion import EventNote
+from celery_event_operator.core.service.pods import WorkerPod
+from celery_event_operator.flow.services import ServiceKeeper
 from tests.unit.flow.fakes import FakeBroker, FakeBrokers, FakeCluster, FakeContext
 
 DEPTHS = (QueueDepth("billing.order", "events", 60, 1),)
@@ -241,18 +241,18 @@ async def test_a_rotated_secret_is_read_again_after_a_refused_login() -> None:
 async def test_deleting_removes_the_services_entities_and_releases_the_broker() -> None:
     harness = Harness(resource(deletionPolicy="delete"))
     await harness.reconcile()
-    outcome = await harness.keeper.delete_entities(harness.body)
-    assert outcome is not None
-    assert outcome.failure is None
+    harness.reasons()
+    assert await harness.keeper.delete_entities(harness.body, last_try=False) is None, "done"
     assert harness.broker.declares == [("billing", False), ("billing", True)]
     await harness.reconcile()
     await harness.status_pass()
     assert harness.broker.declares == [("billing", False), ("billing", True)], "no resync declares them again"
     harness.broker.declare_failure = BrokerUnavailableError("down")
-    outcome = await harness.keeper.delete_entities(harness.body)
-    assert outcome is not None
-    assert isinstance(outcome.failure, BrokerUnavailableError)
+    assert await harness.keeper.delete_entities(harness.body, last_try=False) == "down", "tried again later"
+    assert harness.reasons() == [], "no Event while it is tried again"
     assert harness.brokers.users == 1, "what a deletion acquires it releases (the keeper's own goes at close)"
+    assert await harness.keeper.delete_entities(harness.body, last_try=True) is None
+    assert harness.reasons() == ["BrokerUnreachable"], "the last try tells why the queues stay"
     await harness.keeper.close()
     assert harness.brokers.users == 0
 

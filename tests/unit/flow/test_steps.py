@@ -6,20 +6,22 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.metadata import DELETION_COST_ANNOTATION
-from celery_event_operator.errors import BrokerRefusedError, KubeError, KubeUnavailableError
+from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION
+from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.errors import BrokerRefusedError, KubeError, KubeUnavailableError
+from celery_event_operator.core.injection import healing
+from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.monitoring.state import ServiceMetrics
+from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service import spec as specs
+from celery_event_operator.core.service.observations import QueuesSeen
+from celery_event_operator.core.service.pods import WorkerPod
+from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.flow import steps
-from celery_event_operator.injection import healing
-from celery_event_operator.lifecycle.consumers import Consumer
-from celery_event_operator.monitoring.state import ServiceMetrics
-from celery_event_operator.scaling.depths import QueueDepth
-from celery_event_operator.service import spec as specs
-from celery_event_operator.service.observations import QueuesSeen
-from celery_event_operator.service.pods import WorkerPod
-from celery_event_operator.topology.declared import Declared
 from tests.unit.flow.fakes import FakeBroker, FakeCluster
 from tests.unit.flow.test_keeper import _Logger, resource
 
+ALARM = Alarm("memory", "rabbit@broker-0")
 QUEUES = QueuesSeen((QueueDepth("billing.order", "events", 60, 1),), "ready + unacknowledged")
 
 
@@ -139,7 +141,7 @@ async def lifecycle(
     now: float,
     **given: Any,
 ) -> Any:
-    arguments: dict[str, Any] = {"queues": QUEUES, "events_consumed": True, "config_hash": "h1"} | given
+    arguments: dict[str, Any] = {"queues": QUEUES, "events_consumed": True, "alarms": (), "config_hash": "h1"} | given
     return await steps.keep_lifecycle(
         cluster,
         broker,
@@ -181,6 +183,7 @@ async def test_deletion_costs_are_written_when_a_pods_step_changes_and_not_again
         pytest.param({"events_consumed": False}, "the service's Celery events are not consumed", id="no-events"),
         pytest.param({"queues": QueuesSeen(None, problem="down")}, "queue lengths unknown: down", id="no-queues"),
         pytest.param({"config_hash": None}, "the workers' settings are not known yet", id="no-settings"),
+        pytest.param({"alarms": (ALARM,)}, "the broker blocks publishers", id="broker-alarm"),
     ],
 )
 async def test_nothing_is_judged_on_what_is_unknown(given: dict[str, Any], unchecked: str) -> None:
@@ -199,11 +202,12 @@ async def test_a_silent_running_pod_and_one_without_consumer_are_found_stuck() -
     metrics = ServiceMetrics("shop", "billing")
     pods = [WorkerPod("silent", "h1", running=True), WorkerPod("idle", "h1", running=True), WorkerPod("new", "h1")]
     broker.consumer_answer = (Consumer("billing.order", "127.0.0.1", "celeryevents.io/pod=shop/other"),)
+    metrics.last_heard["silent"] = 0.0  # heard once, then nothing
     for now in (0.0, 20.0, 40.0, 70.0):  # silence counts once workers had the time to reconnect (30 s)
         metrics.last_heard["idle"] = now
         seen = await lifecycle(cluster, broker, pods, metrics, memory, now)
     assert seen.judged == 2, "a pod not Running is not judged"
-    assert [(worker.pod, worker.why) for worker in seen.stuck] == [
-        ("silent", "no heartbeat for 40 s while Running"),
-        ("idle", "heartbeats but consumes from no handler queue for 70 s while 60 messages wait"),
+    assert [(worker.pod, worker.why, worker.replace) for worker in seen.stuck] == [
+        ("idle", "heartbeats but consumes from no handler queue for over 30 s while messages wait", True),
+        ("silent", "no heartbeat for over 30 s while Running", True),
     ]

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_event_operator.errors import KubeError
-from celery_event_operator.injection import catalog
-from celery_event_operator.kubeapi import AsyncKubeApi
+from celery_event_operator.adapters.injection import catalog
+from celery_event_operator.adapters.kubeapi import AsyncKubeApi
+from celery_event_operator.core.errors import KubeError
 from tests.unit.flow.test_keeper import resource
 
 

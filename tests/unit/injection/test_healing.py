@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from celery_event_operator.injection import healing
-from celery_event_operator.injection.healing import HealingMemory, next_step
+from celery_event_operator.core.injection import healing
+from celery_event_operator.core.injection.healing import HealingMemory, next_step
 
 CURRENT = "h-new"
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.metadata import HASH_ANNOTATION
-from celery_event_operator.injection import pod
-from celery_event_operator.injection.settings import MOUNT_PATH
+from celery_event_operator.core.api.metadata import HASH_ANNOTATION
+from celery_event_operator.core.injection import pod
+from celery_event_operator.core.injection.settings import MOUNT_PATH
 
 INJECTION = pod.Injection(
     service="billing", secret_name="rabbitmq", secret_key="url", configmap="billing-celery-events", config_hash="abc123"

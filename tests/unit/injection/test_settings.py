@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.injection import settings
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.injection import settings
 
 
 def spec(**changes: Any) -> Any:

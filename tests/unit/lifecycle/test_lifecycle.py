@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from celery_event_operator.lifecycle import consumers, costs
-from celery_event_operator.lifecycle.consumers import Consumer
-from celery_event_operator.lifecycle.stuck import StuckMemory, judge
-from celery_event_operator.monitoring.running import RunningTasks
-from celery_event_operator.naming import pod_connection_name
-from celery_event_operator.service.pods import WorkerPod
+from celery_event_operator.core.lifecycle import consumers, costs
+from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.lifecycle.stuck import StuckMemory, judge
+from celery_event_operator.core.monitoring.running import RunningTasks
+from celery_event_operator.core.naming import pod_connection_name
+from celery_event_operator.core.service.pods import WorkerPod
 
 HANDLERS = frozenset({"billing.order", "billing.refund"})
 
@@ -94,46 +94,72 @@ def test_running_tasks_are_tracked_per_worker_and_bounded() -> None:
 
 
 THRESHOLD = 30.0
+PODS = ["a", "b", "c"]
 
 
 def judged(memory: StuckMemory, now: float, **facts: object) -> list[str]:
+    """Three pods, heard and consuming unless told otherwise; what is found stuck (or why nothing was judged)."""
     arguments: dict[str, object] = {
-        "last_heard": {"a": now, "b": now},
-        "consuming": {"a": True, "b": True},
+        "last_heard": dict.fromkeys(PODS, now),
+        "consuming": dict.fromkeys(PODS, True),
         "waiting": 10,
         "heartbeats_known": True,
     } | facts
-    found = judge(memory, ["a", "b"], now=now, threshold=THRESHOLD, **arguments)  # type: ignore[arg-type]
-    return [f"{worker.pod}: {worker.why}" for worker in found]
+    found = judge(memory, PODS, now=now, threshold=THRESHOLD, **arguments)  # type: ignore[arg-type]
+    if found.unchecked is not None:
+        return [f"not judged: {found.unchecked}"]
+    return [f"{worker.pod}: {worker.why}" + ("" if worker.replace else " (kept)") for worker in found.stuck]
 
 
 def test_a_worker_that_heartbeats_but_consumes_nothing_while_messages_wait_is_stuck_after_the_threshold() -> None:
     memory = StuckMemory()
+    b_idle = {"a": True, "b": False, "c": True}
     assert judged(memory, 0.0) == []
-    assert judged(memory, 10.0, consuming={"a": True, "b": False}) == []
-    assert judged(memory, 39.0, consuming={"a": True, "b": False}) == []
-    assert judged(memory, 41.0, consuming={"a": True, "b": False}) == [
-        "b: heartbeats but consumes from no handler queue for 31 s while 10 messages wait"
+    assert judged(memory, 10.0, consuming=b_idle) == []
+    assert judged(memory, 39.0, consuming=b_idle) == []
+    assert judged(memory, 41.0, consuming=b_idle) == [
+        "b: heartbeats but consumes from no handler queue for over 30 s while messages wait"
     ]
-    assert judged(memory, 42.0, consuming={"a": True, "b": False}, waiting=0) == [], "nothing waits: not stuck"
-    assert judged(memory, 43.0, consuming={"a": True, "b": None}) == [], "unknown is not stuck"
+    assert judged(memory, 42.0, consuming=b_idle, waiting=0) == [], "nothing waits: not stuck"
+    assert judged(memory, 43.0, consuming={"a": True, "b": None, "c": True}) == [], "unknown is not stuck"
     assert judged(memory, 44.0, consuming=None) == [], "consumers not listed"
 
 
 def test_a_worker_whose_heartbeats_stop_while_running_is_stuck_after_the_threshold() -> None:
     memory = StuckMemory()
     assert judged(memory, 0.0) == []
-    assert judged(memory, 55.0, last_heard={"a": 55.0, "b": 35.0}) == []
-    assert judged(memory, 70.0, last_heard={"a": 70.0, "b": 35.0}) == ["b: no heartbeat for 35 s while Running"]
+    assert judged(memory, 55.0, last_heard={"a": 55.0, "b": 35.0, "c": 55.0}) == []
+    found = judged(memory, 70.0, last_heard={"a": 70.0, "b": 35.0, "c": 70.0})
+    assert found == ["b: no heartbeat for over 30 s while Running"]
+    assert judged(memory, 90.0, last_heard={"a": 90.0, "b": 35.0, "c": 90.0}) == found, "stable: no rewrite per pass"
 
 
 def test_silence_is_counted_only_while_heartbeats_are_known_and_from_when_they_were_known_again() -> None:
     memory = StuckMemory()
     assert judged(memory, 0.0, last_heard={}) == []
     assert judged(memory, 100.0, last_heard={}, heartbeats_known=False) == [], "the events consumer is down"
-    assert judged(memory, 110.0, last_heard={}) == [], "known again: a fresh window"
-    assert judged(memory, 165.0, last_heard={"a": 165.0}) == [], "workers reconnect with their own backoff"
-    assert judged(memory, 171.0, last_heard={"a": 171.0}) == ["b: no heartbeat for 31 s while Running"]
+    assert judged(memory, 110.0, last_heard={"a": 110.0, "b": 0.0, "c": 110.0}) == [], "known again: a fresh window"
+    heard = {"a": 165.0, "b": 0.0, "c": 165.0}
+    assert judged(memory, 165.0, last_heard=heard) == [], "workers reconnect with their own backoff"
+    assert judged(memory, 171.0, last_heard=heard) == ["b: no heartbeat for over 30 s while Running"]
+
+
+def test_workers_silent_all_at_once_are_not_judged_the_broker_or_the_network_is_likelier() -> None:
+    memory = StuckMemory()
+    judged(memory, 0.0)
+    found = judged(memory, 70.0, last_heard={"a": 70.0, "b": 1.0, "c": 1.0})
+    assert found == [
+        "not judged: 2 of 3 workers stopped heartbeating at once: more likely the broker or the network than the "
+        "workers; none is replaced"
+    ]
+
+
+def test_a_pod_never_heard_is_reported_but_not_replaced() -> None:
+    memory = StuckMemory()
+    judged(memory, 0.0)
+    assert judged(memory, 70.0, last_heard={"a": 70.0, "c": 70.0}) == [
+        "b: never heard since it runs (is its Celery hostname …@<pod name>?); reported, not replaced (kept)"
+    ]
 
 
 def test_a_new_pod_gets_the_threshold_from_when_it_was_first_seen_running() -> None:
@@ -149,4 +175,4 @@ def test_a_new_pod_gets_the_threshold_from_when_it_was_first_seen_running() -> N
         now=50.0,
         threshold=30,
     )
-    assert found == ()
+    assert found.stuck == ()

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.monitoring import bounds, report, state
-from celery_event_operator.monitoring.bounds import OVERFLOW, DistinctCount, SeriesSettings, TaskBudget
-from celery_event_operator.monitoring.state import SERVICE_WIDE, ServiceMetrics
+from celery_event_operator.core.monitoring import bounds, report, state
+from celery_event_operator.core.monitoring.bounds import OVERFLOW, DistinctCount, SeriesSettings, TaskBudget
+from celery_event_operator.core.monitoring.state import SERVICE_WIDE, ServiceMetrics
 
 W = SERVICE_WIDE
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_event_operator.monitoring import exposition
-from celery_event_operator.monitoring.bounds import SeriesSettings
-from celery_event_operator.monitoring.collector import MetricsRegistry, accepts_gzip
+from celery_event_operator.adapters.monitoring.collector import MetricsRegistry, accepts_gzip
+from celery_event_operator.core.monitoring import exposition
+from celery_event_operator.core.monitoring.bounds import SeriesSettings
 
 
 def event(kind: str, worker: str = "pod-a", **fields: Any) -> dict[str, Any]:

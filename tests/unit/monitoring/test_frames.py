@@ -8,7 +8,7 @@ import struct
 import pytest
 from amqp import serialization
 
-from celery_event_operator.monitoring import frames
+from celery_event_operator.core.monitoring import frames
 
 
 def frame(kind: int, payload: bytes, channel: int = 1) -> bytes:

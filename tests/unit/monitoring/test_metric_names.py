@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery_event_operator.monitoring.exposition import FAMILIES
+from celery_event_operator.core.monitoring.exposition import FAMILIES
 from tests.conftest import REPO
 from tests.support import metric_names
 

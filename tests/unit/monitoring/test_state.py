@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_event_operator.monitoring import bounds, state
-from celery_event_operator.monitoring.bounds import SeriesSettings
-from celery_event_operator.monitoring.collector import MetricsRegistry
+from celery_event_operator.adapters.monitoring.collector import MetricsRegistry
+from celery_event_operator.core.monitoring import bounds, state
+from celery_event_operator.core.monitoring.bounds import SeriesSettings
 
 PER_POD = SeriesSettings(per_pod=True)
 W = state.SERVICE_WIDE
@@ -248,6 +248,25 @@ def test_forget_worker_removes_every_series_of_the_pod_and_ignores_late_events()
     workers = {dict(labels).get("hostname") for (_, labels) in found} - {None}
     assert workers == {"pod-b"}
     assert {name for name, _ in found} >= {"celery_task_queue_wait_time_count", "celery_task_runtime_count"}
+
+
+def test_a_pod_recreated_under_its_name_is_a_new_worker_not_a_late_one() -> None:
+    """A StatefulSet's pod comes back under its name: once the index lists it again, its events count (they were
+    dropped as a deleted pod's late words for the tombstone's 10 minutes, and its worker looked silent)."""
+    live = ["worker-0"]
+    metrics = state.ServiceMetrics("shop", "billing", settings=PER_POD)
+    metrics.live_pods = lambda: list(live)
+    metrics.ingest(event("worker-heartbeat", "worker-0"), 1.0)
+    metrics.forget_worker("worker-0", 2.0)
+    live.clear()  # deleted: the index no longer lists it
+    metrics.ingest(event("worker-heartbeat", "worker-0"), 3.5)
+    assert "worker-0" not in metrics.last_heard, "a late heartbeat of the deleted pod"
+    live.append("worker-0")  # recreated under its name
+    metrics.ingest(event("worker-heartbeat", "worker-0", active=1), 5.0)
+    metrics.ingest(event("task-started", "worker-0", uuid="t", name="n"), 5.5)
+    assert metrics.last_heard["worker-0"] == 5.5
+    assert metrics.worker_up == {"worker-0": 1}
+    assert list(metrics.running.elapsed(6.0)) == ["worker-0"]
 
 
 def test_sweep_keeps_live_pods_and_recently_heard_workers() -> None:

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.broker.address import with_vhost
-from celery_event_operator.injection import settings
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.broker.address import with_vhost
+from celery_event_operator.core.injection import settings
+from celery_event_operator.core.topology import plan
 from celery_event_operator.runtime import app as runtime
-from celery_event_operator.topology import plan
 
 
 def test_runtime_imports_without_operator_dependencies() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.models import Autoscaling
-from celery_event_operator.scaling import policy
+from celery_event_operator.core.api.models import Autoscaling
+from celery_event_operator.core.scaling import policy
 
 
 def autoscaling(**changes: Any) -> Autoscaling:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.metadata import DECLARED_ANNOTATION
-from celery_event_operator.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus, parse_spec
-from celery_event_operator.broker.address import ManagementURLRejectedError
-from celery_event_operator.broker.alarms import Alarm
-from celery_event_operator.errors import (
+from celery_event_operator.core.api.metadata import DECLARED_ANNOTATION
+from celery_event_operator.core.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus, parse_spec
+from celery_event_operator.core.broker.address import ManagementURLRejectedError
+from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.errors import (
     BrokerRefusedError,
     BrokerSecretError,
     BrokerUnavailableError,
@@ -23,10 +23,10 @@ from celery_event_operator.errors import (
     KubeUnavailableError,
     UnsupportedOperationError,
 )
-from celery_event_operator.injection.outcome import WorkersOutcome
-from celery_event_operator.lifecycle.stuck import StuckWorker
-from celery_event_operator.scaling.depths import QueueDepth
-from celery_event_operator.service.conclusion import (
+from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.lifecycle.stuck import StuckWorker
+from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.conclusion import (
     Announced,
     Conclusion,
     conclude,
@@ -34,7 +34,7 @@ from celery_event_operator.service.conclusion import (
     patch_of,
     status_of,
 )
-from celery_event_operator.service.observations import (
+from celery_event_operator.core.service.observations import (
     Evicted,
     LifecycleSeen,
     MonitoringSeen,
@@ -43,9 +43,9 @@ from celery_event_operator.service.observations import (
     Scaled,
     ScalingSeen,
 )
-from celery_event_operator.topology import outcome, plan
-from celery_event_operator.topology.declared import Declared, DeclaredQueue
-from celery_event_operator.topology.outcome import DeclareOutcome
+from celery_event_operator.core.topology import outcome, plan
+from celery_event_operator.core.topology.declared import Declared, DeclaredQueue
+from celery_event_operator.core.topology.outcome import DeclareOutcome
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 LATER = NOW + datetime.timedelta(minutes=1)
@@ -657,3 +657,38 @@ def test_metric_labels_past_their_bound_are_announced_once_per_label() -> None:
     ]
     assert "exception classes" in found[3].events[0].message
     assert "task names" not in found[3].events[0].message, "each label once"
+
+
+def test_many_stuck_workers_are_named_up_to_a_bound_and_announced_a_few_per_pass() -> None:
+    stuck = tuple(StuckWorker(f"w-{number:03d}", "no heartbeat for over 120 s while Running") for number in range(600))
+    found = run(*[status_passed(lifecycle=LifecycleSeen(600, stuck))] * 3)
+    message = next(c.message for c in found[0].status.conditions if c.type == "WorkersHealthy")
+    assert message.count("no heartbeat") == 10
+    assert message.endswith("and 590 more (celery_event_operator_stuck_workers)")
+    assert [len(c.events) for c in found] == [5, 5, 5], "a few Events per pass, each pod once"
+    assert len({note.message for c in found for note in c.events}) == 15
+
+
+def test_a_refused_change_of_replicas_is_announced_once_per_distinct_refusal() -> None:
+    refused = ScalingSeen(SELECTOR, replicas=1, desired=3, workload=1, scale_checked=True, failed="HTTP 403")
+    unchanged = ScalingSeen(SELECTOR, replicas=1, workload=1, scale_checked=True)
+    found = run(*(status_passed(AUTOSCALED, scaling=s) for s in (refused, refused, unchanged, refused)))
+    assert [events(c) for c in found] == [[("Warning", "ScalingFailed")], [], [], [("Warning", "ScalingFailed")]]
+
+
+def test_workers_healthy_goes_with_the_workers() -> None:
+    [healthy] = run(status_passed(lifecycle=LifecycleSeen(2)))
+    assert "WorkersHealthy" in conditions(healthy)
+    without_workers = parse_spec({key: value for key, value in GOOD_SPEC.items() if key != "workers"})
+    [gone] = run(status_passed(without_workers), status=healthy.status)
+    assert "WorkersHealthy" not in conditions(gone)
+
+
+def test_an_overflow_is_announced_again_after_the_series_started_afresh() -> None:
+    names = {"name": (4_900, 500)}
+    found = run(status_passed(overflowing=names), status_passed(overflowing={}), status_passed(overflowing=names))
+    assert [events(c) for c in found] == [
+        [("Warning", "MetricLabelsOverflowed")],
+        [],
+        [("Warning", "MetricLabelsOverflowed")],
+    ]

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
-from celery_event_operator.errors import InvalidSpecError
-from celery_event_operator.service import spec as specs
+from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
+from celery_event_operator.core.errors import InvalidSpecError
+from celery_event_operator.core.service import spec as specs
 
 GOOD_SPEC = {"broker": {"secretRef": {"name": "rabbitmq"}}, "events": {"handlers": [{"name": "e"}]}}
 

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from celery_event_operator.api.models import parse_spec
-from celery_event_operator.topology import listing, plan
-from celery_event_operator.topology.outcome import EntityState
+from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.topology import listing, plan
+from celery_event_operator.core.topology.outcome import EntityState
 
 TOPOLOGY = plan.plan(
     "s",

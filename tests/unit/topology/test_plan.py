@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from celery_event_operator.api.models import MAX_RETRIES_CAP, parse_spec
-from celery_event_operator.topology import plan
-from celery_event_operator.topology.declared import Declared, DeclaredQueue
-from celery_event_operator.topology.plan import Binding, Exchange, Queue
+from celery_event_operator.core.api.models import MAX_RETRIES_CAP, parse_spec
+from celery_event_operator.core.topology import plan
+from celery_event_operator.core.topology.declared import Declared, DeclaredQueue
+from celery_event_operator.core.topology.plan import Binding, Exchange, Queue
 
 
 def spec(**changes: Any) -> Any:

@@ -1,0 +1,158 @@
+"""The control connection of one broker: declaring, repairing and inspecting topology (kombu / py-amqp).
+
+kombu and py-amqp block and are not thread-safe, so each broker's control connection has a thread of its
+own (a single-thread executor, not a shared pool): every service on that broker queues its work there and
+the event loop never waits on a socket. A broker that hangs holds up only its own services. A failed
+connection is dropped and the next attempt waits for an exponential backoff, so a hundred services on a
+broker that is down cost one connection attempt per backoff period, not a hundred connect timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import amqp
+import kombu.exceptions
+from kombu.connection import Connection
+
+from celery_event_operator.adapters.broker.tls import TlsFiles, kombu_options
+from celery_event_operator.core.broker.address import BrokerAddress, Endpoint
+from celery_event_operator.core.broker.backoff import Backoff
+from celery_event_operator.core.errors import BrokerUnavailableError, UnsupportedOperationError
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT_SECONDS = 5.0
+OPERATION_TIMEOUT_SECONDS = 10.0
+CONNECTION_NAME = "celery-event-operator"
+
+# What a lost or refused connection raises (channel-level errors are the caller's business).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    socket.timeout,
+    amqp.exceptions.ConnectionError,
+    amqp.exceptions.RecoverableConnectionError,
+    kombu.exceptions.OperationalError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ControlConnection:
+    def __init__(
+        self,
+        address: BrokerAddress,
+        tls: TlsFiles | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        heartbeat: float = 0,
+    ) -> None:
+        self.address = address
+        self._tls = tls
+        self._clock = clock
+        self._heartbeat = heartbeat  # for work that keeps the connection busy (a replay): the broker sees it die
+        self._lock = threading.Lock()  # `run` may also be called from other threads (the command line)
+        self._connection: Connection | None = None
+        self._backoff = Backoff()
+        self._last_error = ""
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    async def run_async(self, work: Callable[[Connection], T]) -> T:
+        """`run` on this broker's own thread."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"broker {self.address.display}"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(self.run, work))
+
+    def run(self, work: Callable[[Connection], T]) -> T:
+        """Run `work` with the broker's connection; reconnect once if a kept connection went stale."""
+        with self._lock:
+            if self._backoff.waiting(self._clock()):
+                raise BrokerUnavailableError(self._last_error)  # no attempt within the backoff
+            for attempt in (1, 2):
+                fresh = self._connection is None
+                try:
+                    if self._connection is None:
+                        self._connection = self._connect()
+                    result = work(self._connection)
+                except amqp.exceptions.AMQPNotImplementedError as exc:
+                    # The broker cannot do it (and closed the connection): no retry, no backoff, its own reason.
+                    self._drop()
+                    raise UnsupportedOperationError(
+                        f"the broker does not support an operation: {exc.reply_text}"
+                    ) from None
+                except CONNECTION_ERRORS as exc:
+                    self._drop()
+                    if fresh or attempt == 2:
+                        self._fail(exc)
+                        raise BrokerUnavailableError(self._last_error) from None
+                    continue  # the kept connection died since last use: one fresh try
+                self._backoff.succeeded()
+                return result
+            raise AssertionError("unreachable: the loop returns or raises")
+
+    def _connect(self) -> Connection:
+        """One pass over the failover list (shuffled with `shuffle`); the last endpoint's failure is raised."""
+        endpoints = list(self.address.endpoints)
+        if self.address.failover_strategy == "shuffle":
+            random.shuffle(endpoints)
+        for endpoint in endpoints[:-1]:
+            with contextlib.suppress(*CONNECTION_ERRORS, amqp.exceptions.AMQPError):
+                return self._connect_to(endpoint)
+        try:
+            return self._connect_to(endpoints[-1])
+        except amqp.exceptions.AMQPError as exc:  # e.g. login refused, vhost not found
+            raise amqp.exceptions.ConnectionError(str(exc)) from exc
+
+    def _connect_to(self, endpoint: Endpoint) -> Connection:
+        tls_options: bool | dict[str, object] = False
+        if endpoint.tls:  # the chain and the host name are verified (the system's CAs without ca.crt)
+            tls_options = kombu_options(self._tls, endpoint.host)
+        connection = Connection(
+            self.address.urls[self.address.endpoints.index(endpoint)],
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            heartbeat=self._heartbeat,  # 0 by default: used in bursts by one thread, a dead one shows on next use
+            ssl=tls_options,
+            transport_options={
+                "client_properties": {"connection_name": CONNECTION_NAME},
+                "read_timeout": OPERATION_TIMEOUT_SECONDS,
+                "write_timeout": OPERATION_TIMEOUT_SECONDS,
+            },
+        )
+        try:
+            connection.connect()
+        except BaseException:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                connection.release()
+            raise
+        return connection
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(*CONNECTION_ERRORS):  # it is gone either way
+                self._connection.release()
+            self._connection = None
+
+    def _fail(self, exc: BaseException) -> None:
+        delay = self._backoff.failed(self._clock())
+        reason = self.address.redact(f"{type(exc).__name__}: {exc}")
+        # The message stays the same while the failure does (one Event per failure); the countdown is logged.
+        self._last_error = f"cannot reach the broker at {self.address.display}: {reason}"
+        logger.warning("%s; next attempt in %.0fs", self._last_error, delay)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None

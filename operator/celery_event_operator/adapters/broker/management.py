@@ -1,0 +1,186 @@
+"""Queue depths and consumers from RabbitMQ's management API: one listing of a vhost serves every service on
+it (I/O).
+
+A passive declare counts only ready messages: a queue whose messages are all being worked on looks empty,
+and scaling on that stops workers mid-task (a known KEDA pitfall). The management API knows the
+unacknowledged ones too, and one paged listing of the vhost (`columns=` keeps it small) answers for a
+thousand services at once, so the status pass costs O(vhosts) per interval, not O(services). The API's
+figures are the broker's statistics, refreshed every few seconds (RabbitMQ's collect_statistics_interval,
+5 s by default): they lag by that much. The consumers (for the workers' lifecycle) are listed the same way:
+the vhost's consumers and its connections, each once per interval, whatever the number of services; and so are
+the broker's resource alarms (`/api/health/checks/alarms`), which a consumer-only connection is never told of.
+
+The credentials go to the management URL only after `BrokerAddress.management_url` checked that it names
+the broker's own host (https when the broker speaks TLS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import aiohttp
+
+from celery_event_operator.adapters.broker.tls import TlsFiles, client_context
+from celery_event_operator.core.broker.address import BrokerAddress
+from celery_event_operator.core.broker.alarms import Alarm, alarms_of
+from celery_event_operator.core.errors import ManagementUnavailableError
+from celery_event_operator.core.lifecycle.consumers import Consumer
+
+TIMEOUT_SECONDS = 10.0
+PAGE_SIZE = 500
+COLUMNS = "name,messages_ready,messages_unacknowledged,consumers"
+CONSUMER_COLUMNS = "queue.name,channel_details.connection_name,channel_details.peer_host"
+CONNECTION_COLUMNS = "name,user_provided_name"
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueCounts:
+    ready: int
+    unacknowledged: int
+    consumers: int
+
+
+T = TypeVar("T")
+
+
+class _Cached(Generic[T]):
+    """One listing of the vhost, made at most once per `max_age` whatever the number of callers; a failure is
+    remembered as long as a listing would be."""
+
+    def __init__(self, fetch: Callable[[], Awaitable[T]], empty: T) -> None:
+        self._fetch = fetch
+        self._found = empty
+        self._error: ManagementUnavailableError | None = None
+        self._listed_at = -float("inf")
+        self._refreshing: asyncio.Task[None] | None = None
+
+    async def get(self, max_age: float) -> T:
+        if time.monotonic() - self._listed_at > max_age:
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.ensure_future(self._refresh())
+            await asyncio.shield(self._refreshing)
+        if self._error is not None:
+            raise self._error
+        return self._found
+
+    async def _refresh(self) -> None:
+        try:
+            found = await self._fetch()
+        except ManagementUnavailableError as exc:
+            self._error = exc
+        else:
+            self._found, self._error = found, None
+        self._listed_at = time.monotonic()
+
+    def cancel(self) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+
+
+class QueueListing:
+    """The queues and consumers of one vhost, each listed at most once per `max_age`."""
+
+    def __init__(self, address: BrokerAddress, base_url: str, tls: TlsFiles | None) -> None:
+        self.base_url = base_url
+        self._address = address
+        self._tls = tls
+        endpoint = address.endpoints[0]
+        self._authorization = aiohttp.encode_basic_auth(endpoint.user, endpoint.password)
+        self._vhost = urllib.parse.quote(address.vhost, safe="")
+        self._queues = _Cached[dict[str, QueueCounts]](self._list_queues, {})
+        self._consumers = _Cached[tuple[Consumer, ...]](self._list_consumers, ())
+        self._alarms = _Cached[tuple[Alarm, ...]](self._list_alarms, ())
+        self._session: aiohttp.ClientSession | None = None
+
+    async def queues(self, max_age: float) -> dict[str, QueueCounts]:
+        """Every queue of the vhost, listed no longer than `max_age` seconds ago (or now)."""
+        return await self._queues.get(max_age)
+
+    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+        """Every consumer of the vhost with its connection's peer address and client-provided name."""
+        return await self._consumers.get(max_age)
+
+    async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
+        """The broker's resource alarms in effect (memory, disk), checked no longer than `max_age` seconds ago."""
+        return await self._alarms.get(max_age)
+
+    async def _list_alarms(self) -> tuple[Alarm, ...]:
+        status, body = await self._answer("/api/health/checks/alarms")
+        found = alarms_of(status, body)
+        if found is None:
+            raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status} on the alarms check")
+        return found
+
+    async def _list_queues(self) -> dict[str, QueueCounts]:
+        queues: dict[str, QueueCounts] = {}
+        page, pages = 1, 1
+        while page <= pages:
+            listed = await self._get(f"/api/queues/{self._vhost}?page={page}&page_size={PAGE_SIZE}&columns={COLUMNS}")
+            pages = int(listed.get("page_count") or 1)
+            for item in listed.get("items") or ():
+                queues[str(item["name"])] = QueueCounts(
+                    int(item.get("messages_ready") or 0),
+                    int(item.get("messages_unacknowledged") or 0),
+                    int(item.get("consumers") or 0),
+                )
+            page += 1
+        return queues
+
+    async def _list_consumers(self) -> tuple[Consumer, ...]:
+        # Two listings: a consumer names its connection, the connection's listing has the name its client gave it.
+        consumers = await self._get(f"/api/consumers/{self._vhost}?columns={CONSUMER_COLUMNS}")
+        connections = await self._get(f"/api/vhosts/{self._vhost}/connections?columns={CONNECTION_COLUMNS}")
+        given = {str(item.get("name")): item.get("user_provided_name") for item in connections or ()}
+        found = []
+        for item in consumers or ():
+            channel = item.get("channel_details") or {}
+            name = given.get(str(channel.get("connection_name")))
+            found.append(
+                Consumer(
+                    str((item.get("queue") or {}).get("name")),
+                    str(channel["peer_host"]) if channel.get("peer_host") else None,
+                    name if isinstance(name, str) else None,
+                )
+            )
+        return tuple(found)
+
+    async def _get(self, path: str) -> Any:
+        status, body = await self._answer(path)
+        if status != 200:
+            raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status}")
+        return body
+
+    async def _answer(self, path: str) -> tuple[int, Any]:
+        """The status and the JSON body of a GET (a body that is no JSON: None)."""
+        url = f"{self.base_url}{path}"
+        try:
+            async with self._client().get(url, allow_redirects=False) as response:  # credentials stay on that host
+                try:
+                    return response.status, await response.json(content_type=None)
+                except ValueError:
+                    return response.status, None
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            reason = self._address.redact(f"{type(exc).__name__}: {exc}")
+            raise ManagementUnavailableError(f"management API at {self.base_url}: {reason}") from None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            tls = client_context(self._tls) if self.base_url.startswith("https:") else None
+            self._session = aiohttp.ClientSession(
+                headers={"Authorization": self._authorization},
+                timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS),
+                connector=aiohttp.TCPConnector(ssl=tls if tls is not None else False, limit=2),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        self._queues.cancel()
+        self._consumers.cancel()
+        self._alarms.cancel()
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,84 @@
+"""One replay's broker work, on a connection and a thread of its own (I/O).
+
+A replay may run for minutes (thousands of events, rate-limited). On the broker's shared control connection it
+would hold up the topology of every service on that broker, and on asyncio's default executor one thread of a
+small pool that everything shares: so each replay has its own ControlConnection, whose single thread is its own,
+and stops between two events when asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import amqp
+from kombu.connection import Connection
+
+from celery_event_operator.adapters.archive import operations
+from celery_event_operator.adapters.broker.control import ControlConnection
+from celery_event_operator.adapters.broker.tls import TlsFiles
+from celery_event_operator.core.archive.messages import Selection
+from celery_event_operator.core.broker.settings import BrokerSettings
+from celery_event_operator.core.errors import BrokerRefusedError, BrokerUnavailableError
+
+T = TypeVar("T")
+# The messages a replay holds unacknowledged go back to the archive once the broker drops its connection: at once
+# when the operator's process dies, within two heartbeats when its node does.
+HEARTBEAT_SECONDS = 30.0
+
+
+class ReplayRunner:
+    def __init__(self, settings: BrokerSettings) -> None:
+        material = settings.tls
+        self._tls = TlsFiles(material) if material.ca or material.cert else None
+        self._control = ControlConnection(settings.address, self._tls, heartbeat=HEARTBEAT_SECONDS)
+        self._pending: asyncio.Future[Any] | None = None
+        self.display = settings.address.display
+        self.stop = threading.Event()
+        self.tally = operations.Tally()  # the move's progress, read by the event loop while the thread writes it
+
+    async def survey(self, service: str, selection: Selection, keep: int = 0) -> operations.Survey:
+        return await self._run(lambda connection: operations.survey(connection, service, selection, keep))
+
+    async def move(
+        self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
+    ) -> operations.Tally:
+        calls = 0
+
+        def work(connection: Connection) -> operations.Tally:
+            nonlocal calls
+            calls += 1
+            if calls > 1:
+                # The connection failed mid-move and ControlConnection would run the move again on a new one:
+                # whether the last acknowledgement arrived is unknown, so the replay resumes through a recount.
+                raise BrokerUnavailableError(f"the connection to the broker at {self.display} was lost mid-way")
+            return operations.move(
+                connection, service, selection, purge=purge, limit=limit, rate=rate, tally=self.tally, stop=self.stop
+            )
+
+        return await self._run(work)
+
+    async def _run(self, work: Callable[[Connection], T]) -> T:
+        self._pending = asyncio.ensure_future(self._control.run_async(work))
+        try:
+            return await asyncio.shield(self._pending)
+        except amqp.exceptions.AMQPError as exc:  # a channel-level refusal, e.g. no permission on the archive
+            raise BrokerRefusedError(f"the broker at {self.display} refused: {exc.reply_text}") from None
+
+    def close(self) -> None:
+        """Stop the work (between two events) and let the connection and its thread go once it returned."""
+        self.stop.set()
+        pending = self._pending
+        if pending is not None and not pending.done():
+            pending.add_done_callback(self._close_now)
+        else:
+            self._close_now()
+
+    def _close_now(self, finished: asyncio.Future[Any] | None = None) -> None:
+        if finished is not None and not finished.cancelled():
+            finished.exception()  # its outcome was reported by whoever awaited it (or nobody waits any more)
+        self._control.close()
+        if self._tls is not None:
+            self._tls.remove()

@@ -1,0 +1,207 @@
+"""What an archived message is, for people (pure): Celery task messages (protocol v2), raw JSON
+events, and anything else, which is shown as unparseable and never dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from celery_event_operator.core.naming import ARCHIVED_AT_HEADER, EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
+
+RESET_HEADERS = frozenset(
+    {
+        "x-death",
+        "x-first-death-exchange",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-last-death-exchange",
+        "x-last-death-queue",
+        "x-last-death-reason",
+        EXCEPTION_HEADER,
+        EXCEPTION_TYPE_HEADER,
+        ARCHIVED_AT_HEADER,
+        "x-delivery-count",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Archived:
+    position: int  # 0 = the oldest, as the queue holds them
+    event: str  # the routing key the message was archived with = the event name
+    kind: str  # "celery", "json" or "unparseable"
+    task_id: str | None
+    attempts: int | None
+    exception: str | None
+    exception_type: str | None  # the exception's class name, as the runtime records it
+    archived_at: float | None  # unix time
+    summary: str  # arguments, or what the body is
+
+    def age(self, now: float) -> float | None:
+        return None if self.archived_at is None else max(0.0, now - self.archived_at)
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "age_seconds": self.age(now)}
+
+
+def _archived_at(headers: Mapping[str, Any]) -> float | None:
+    if ARCHIVED_AT_HEADER in headers:
+        try:
+            return float(headers[ARCHIVED_AT_HEADER])
+        except (TypeError, ValueError):
+            return None
+    for death in headers.get("x-death") or []:  # dead-lettered by the broker (quorum delivery limit)
+        moment = death.get("time")
+        if hasattr(moment, "timestamp"):
+            return float(moment.timestamp())
+    return None
+
+
+def _exception(headers: Mapping[str, Any]) -> str | None:
+    if EXCEPTION_HEADER in headers:
+        return str(headers[EXCEPTION_HEADER])
+    deaths = headers.get("x-death") or []
+    if deaths:
+        return f"dead-lettered by the broker: {deaths[0].get('reason')} from {deaths[0].get('queue')}"
+    return None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, default=str, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe(
+    position: int, body: bytes, headers: Mapping[str, Any], properties: Mapping[str, Any], routing_key: str
+) -> Archived:
+    headers = dict(headers or {})
+
+    def archived(kind: str, task_id: Any, attempts: int | None, summary: str) -> Archived:
+        return Archived(
+            position=position,
+            event=routing_key,
+            kind=kind,
+            task_id=None if task_id is None else str(task_id),
+            attempts=attempts,
+            exception=_exception(headers),
+            exception_type=_text(headers.get(EXCEPTION_TYPE_HEADER)),
+            archived_at=_archived_at(headers),
+            summary=summary,
+        )
+
+    try:
+        decoded = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        content_type = properties.get("content_type") or "unknown content type"
+        return archived("unparseable", properties.get("message_id"), None, f"<{len(body)} bytes of {content_type}>")
+    if "task" in headers and "id" in headers and isinstance(decoded, list) and len(decoded) == 3:
+        args, kwargs, _embed = decoded
+        arguments = ", ".join([*(_short(arg) for arg in args), *(f"{k}={_short(v)}" for k, v in kwargs.items())])
+        return archived("celery", headers["id"], _int(headers.get("retries")), f"{headers['task']}({arguments})")
+    task_id = properties.get("message_id") or (decoded.get("id") if isinstance(decoded, dict) else None)
+    return archived("json", task_id, None, _short(decoded, 120))
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def replay_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers of a replayed copy: attempt count reset, death and failure history dropped."""
+    cleaned = {key: value for key, value in (headers or {}).items() if key not in RESET_HEADERS}
+    if "task" in cleaned:
+        cleaned["retries"] = 0
+    return cleaned
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """Which archived messages an action takes. Times are unix times; empty sets select everything.
+
+    An age window (`archived_since`, `archived_until`, inclusive) leaves out messages whose archive time is
+    unknown. `started_at` leaves out what was archived once the action started (a replayed event that fails
+    again is archived again, and must not be taken a second time); a message of unknown time passes it.
+    """
+
+    events: frozenset[str] = frozenset()
+    exception_types: frozenset[str] = frozenset()
+    task_ids: frozenset[str] = frozenset()
+    archived_since: float | None = None
+    archived_until: float | None = None
+    started_at: float | None = None
+
+    @classmethod
+    def relative(
+        cls,
+        *,
+        events: Iterable[str] = (),
+        exception_types: Iterable[str] = (),
+        task_ids: Iterable[str] = (),
+        older_than: float | None = None,
+        newer_than: float | None = None,
+        now: float,
+    ) -> Selection:
+        """The command line's filter: ages in seconds before `now`."""
+        return cls(
+            events=frozenset(events),
+            exception_types=frozenset(exception_types),
+            task_ids=frozenset(task_ids),
+            archived_until=None if older_than is None else now - older_than,
+            archived_since=None if newer_than is None else now - newer_than,
+        )
+
+    @property
+    def everything(self) -> bool:
+        return self == Selection()
+
+    def matches(self, item: Archived) -> bool:
+        if self.events and item.event not in self.events:
+            return False
+        if self.exception_types and item.exception_type not in self.exception_types:
+            return False
+        if self.task_ids and item.task_id not in self.task_ids:
+            return False
+        moment = item.archived_at
+        if self.started_at is not None and moment is not None and moment >= self.started_at:
+            return False
+        if self.archived_since is not None and (moment is None or moment < self.archived_since):
+            return False
+        return not (self.archived_until is not None and (moment is None or moment > self.archived_until))
+
+
+def table(items: list[Archived], now: float) -> str:
+    columns = ("#", "EVENT", "TASK ID", "ATTEMPTS", "AGE", "EXCEPTION", "CONTENT")
+    rows = [
+        (
+            str(item.position),
+            item.event,
+            item.task_id or "-",
+            "-" if item.attempts is None else str(item.attempts),
+            _human(item.age(now)),
+            (item.exception or "-")[:60],
+            item.summary,
+        )
+        for item in items
+    ]
+    widths = [max([len(column), *(len(row[i]) for row in rows)]) for i, column in enumerate(columns)]
+    lines = ["  ".join(column.ljust(width) for column, width in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _human(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

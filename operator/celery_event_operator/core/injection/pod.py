@@ -1,0 +1,102 @@
+"""What the admission webhook adds to a worker pod (pure).
+
+Everything is appended: a user's env, volumes and mounts are never changed or removed. A variable the
+user already set keeps the user's value, except PYTHONPATH, which is extended (a later entry that
+refers to the earlier one: the kubelet expands `$(PYTHONPATH)` from it).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from celery_event_operator.core.api.metadata import HASH_ANNOTATION
+from celery_event_operator.core.injection.settings import LOADER_MODULE, MOUNT_PATH, SETTINGS_FILE
+from celery_event_operator.core.naming import POD_NAME_ENV, POD_NAMESPACE_ENV, SOFT_SHUTDOWN_ENV
+
+VOLUME_NAME = "celeryevents-settings"
+DEFAULT_GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds
+SHUTDOWN_MARGIN_SECONDS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Injection:
+    """What a service's pods get: where the broker URL is, and which settings."""
+
+    service: str
+    secret_name: str
+    secret_key: str
+    configmap: str
+    config_hash: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PodChanges:
+    containers: list[dict[str, Any]]
+    volumes: list[dict[str, Any]]
+    annotations: dict[str, str]
+
+
+def soft_shutdown_seconds(pod: Mapping[str, Any]) -> int:
+    """How long a worker lets running tasks finish after SIGTERM: the pod's grace period, less a margin for
+    the cold shutdown that hands what is left back to the broker before the kubelet's SIGKILL."""
+    grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    grace = grace if isinstance(grace, int) and grace >= 0 else DEFAULT_GRACE_SECONDS
+    return max(1, grace - SHUTDOWN_MARGIN_SECONDS) if grace > 1 else 0
+
+
+def _environment(injection: Injection, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "CELERY_BROKER_URL",
+            "valueFrom": {"secretKeyRef": {"name": injection.secret_name, "key": injection.secret_key}},
+        },
+        # A plain Celery(...) app reads its settings from this module with the default loader.
+        {"name": "CELERY_LOADER", "value": "default"},
+        {"name": "CELERY_CONFIG_MODULE", "value": LOADER_MODULE},
+        {"name": "CELERY_EVENTS_SETTINGS", "value": f"{MOUNT_PATH}/{SETTINGS_FILE}"},
+        # `celery worker` reads its options from CELERY_* variables: no change to the command.
+        # Mingle and gossip broadcast to every worker (N² messages); heartbeats stay on.
+        {"name": "CELERY_WORKER_WITHOUT_MINGLE", "value": "1"},
+        {"name": "CELERY_WORKER_WITHOUT_GOSSIP", "value": "1"},
+        # A rollout or scale-down sends SIGTERM, then SIGKILL after the grace period. Remapped to Celery's
+        # cold shutdown with a soft shutdown first: running tasks may finish within the grace period, what is
+        # left is handed back to the broker (acks are late) instead of dying with the SIGKILL.
+        {"name": "REMAP_SIGTERM", "value": "SIGQUIT"},
+        {"name": SOFT_SHUTDOWN_ENV, "value": str(soft_shutdown_seconds(pod))},
+        # The loader names the worker's broker connections after its pod (see naming.pod_connection_name).
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": POD_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+
+
+def _container(container: Mapping[str, Any], injection: Injection, pod: Mapping[str, Any]) -> dict[str, Any]:
+    result = copy.deepcopy(dict(container))
+    env: list[dict[str, Any]] = result.setdefault("env", [])
+    present = {variable.get("name") for variable in env}
+    env.extend(variable for variable in _environment(injection, pod) if variable["name"] not in present)
+    python_paths = [variable for variable in env if variable.get("name") == "PYTHONPATH"]
+    if not python_paths:
+        env.append({"name": "PYTHONPATH", "value": MOUNT_PATH})
+    elif MOUNT_PATH not in str(python_paths[-1].get("value", "")):
+        env.append({"name": "PYTHONPATH", "value": f"$(PYTHONPATH):{MOUNT_PATH}"})
+    mounts: list[dict[str, Any]] = result.setdefault("volumeMounts", [])
+    if not any(mount.get("mountPath") == MOUNT_PATH or mount.get("name") == VOLUME_NAME for mount in mounts):
+        mounts.append({"name": VOLUME_NAME, "mountPath": MOUNT_PATH, "readOnly": True})
+    return result
+
+
+def changes(pod: Mapping[str, Any], injection: Injection) -> PodChanges:
+    """The containers and volumes with the injection appended, and the annotations to set."""
+    spec = pod.get("spec") or {}
+    containers = [_container(container, injection, pod) for container in spec.get("containers") or []]
+    volumes = copy.deepcopy(list(spec.get("volumes") or []))
+    if not any(volume.get("name") == VOLUME_NAME for volume in volumes):
+        volumes.append({"name": VOLUME_NAME, "configMap": {"name": injection.configmap, "defaultMode": 0o444}})
+    return PodChanges(containers, volumes, {HASH_ANNOTATION: injection.config_hash})
+
+
+def unknown_service_warning(service: str, namespace: str) -> str:
+    return f"no valid CeleryEventService with serviceName {service!r} in namespace {namespace!r}: nothing was injected"

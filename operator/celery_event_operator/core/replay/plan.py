@@ -1,0 +1,474 @@
+"""What a CeleryEventReplay does and what its status says: pure functions of its body, its counts and the time.
+
+A replay runs once, to completion, as a Job does. Its state is one condition, `Succeeded` (the convention
+Knative and Tekton follow for runs): Unknown while it waits or runs, the reason saying which; True or False
+once it ended, kept until the resource is deleted.
+
+Only events archived before the replay started are taken (`status.startTime`): a replayed event that fails
+again is archived again and must not be replayed a second time. What a started replay must survive — a
+restart, a SIGKILL, a lost broker connection — it survives through two numbers written before anything
+moves: `startTime` and `matched` (the events the filter selected then). A replay that resumes counts the
+selected events still archived: the others are gone, so replayed (or purged) = matched - still archived,
+exact whatever the last status write had time to say, and it goes on with the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from celery_event_operator.core.api import conditions
+from celery_event_operator.core.api.metadata import GROUP
+from celery_event_operator.core.api.models import (
+    REPLAY_KIND,
+    SHOWN_EXCEPTION_LENGTH,
+    VERSION,
+    CeleryEventReplaySpec,
+    Condition,
+    ConditionStatus,
+    parse_replay_spec,
+)
+from celery_event_operator.core.archive.messages import Archived, Selection
+from celery_event_operator.core.errors import InvalidSpecError
+from celery_event_operator.core.service.conclusion import EventNote
+
+SUCCEEDED = "Succeeded"
+# Why a replay waits (Succeeded Unknown); each is retried, none touches the archive.
+SERVICE_NOT_FOUND = "ServiceNotFound"
+SERVICE_NOT_READY = "ServiceNotReady"
+WAITING_FOR_REPLAY = "WaitingForReplay"
+BROKER_UNAVAILABLE = "BrokerUnavailable"
+RUNNING = "Running"
+
+# A spec can be wrong in a thousand places (a filter of 1,000 task ids), a service's own message can be long: what
+# status and the Events say is bounded (kopf cuts an Event's message at 1,024 characters).
+MAX_REFUSAL_LENGTH = 900
+MAX_CONDITION_MESSAGE_LENGTH = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The status fields a replay writes, and the Events to post."""
+
+    status_patch: dict[str, Any]
+    events: tuple[EventNote, ...]
+
+
+def _bounded(text: str, length: int) -> str:
+    return text if len(text) <= length else text[: length - 1] + "…"
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """A replay's resource as the operator acts on it."""
+
+    namespace: str
+    name: str
+    generation: int | None
+    created_at: float  # unix time
+    spec: CeleryEventReplaySpec
+
+    @property
+    def purge(self) -> bool:
+        return self.spec.action == "purge"
+
+    @property
+    def done_field(self) -> str:
+        """The status counter of what it did."""
+        return "purged" if self.purge else "replayed"
+
+    @property
+    def service(self) -> str:
+        return self.spec.service_ref.name
+
+    def selection(self, started_at: float) -> Selection:
+        """The spec's filter; ages count back from the replay's creation, so they mean the same after a restart."""
+        chosen = self.spec.filter
+        return Selection(
+            events=frozenset(chosen.events),
+            exception_types=frozenset(chosen.exception_types),
+            task_ids=frozenset(chosen.task_ids),
+            archived_since=None if chosen.newer_than_seconds is None else self.created_at - chosen.newer_than_seconds,
+            archived_until=None if chosen.older_than_seconds is None else self.created_at - chosen.older_than_seconds,
+            started_at=started_at,
+        )
+
+    def target(self, matched: int) -> int:
+        """How many it takes of the `matched` selected events."""
+        return matched if self.spec.limit is None else min(matched, self.spec.limit)
+
+
+def understand(body: Mapping[str, Any]) -> Replay:
+    """The replay to run; InvalidSpecError with a readable message otherwise."""
+    meta = body.get("metadata") or {}
+    raw = body.get("spec") or {}
+    reference = raw.get("serviceRef") if isinstance(raw, Mapping) else None
+    if isinstance(reference, Mapping) and "namespace" in reference:
+        raise InvalidSpecError(
+            "spec.serviceRef.namespace: a replay acts on a service of its own namespace (whoever may create replays "
+            "there may replay that namespace's archives, no other); create it in the service's namespace"
+        )
+    return Replay(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        generation=meta.get("generation"),
+        created_at=parse_time(meta.get("creationTimestamp")) or 0.0,
+        spec=parse_replay_spec(raw),
+    )
+
+
+def parse_time(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def timestamp(seconds: float) -> str:
+    return conditions.timestamp(datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC))
+
+
+def start_time(now: float) -> float:
+    """The whole second a replay starts at: what `status.startTime` can say exactly."""
+    return float(math.floor(now))
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """What the status of a started replay says (written before anything moved)."""
+
+    started_at: float
+    archived: int
+    matched: int
+    service_name: str
+    generation: int | None
+    first_message: Mapping[str, Any] | None
+
+
+def started(status: Mapping[str, Any]) -> Started | None:
+    began = parse_time(status.get("startTime"))
+    matched, archived, service = status.get("matched"), status.get("archived"), status.get("serviceName")
+    if began is None or not isinstance(matched, int) or not isinstance(archived, int) or not isinstance(service, str):
+        return None
+    return Started(began, archived, matched, service, status.get("observedGeneration"), status.get("firstMessage"))
+
+
+def succeeded(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = status.get("conditions") or []
+    return next((c for c in found if isinstance(c, Mapping) and c.get("type") == SUCCEEDED), {})
+
+
+def finished(status: Mapping[str, Any] | None) -> bool:
+    """Ended (Succeeded True or False): nothing more is done; the resource stays until deleted."""
+    return succeeded(status or {}).get("status") in ("True", "False")
+
+
+def spec_changed(generation: int | None, begun: Started) -> bool:
+    """The spec changed after the replay started (the CRD forbids it; an API server without CEL does not)."""
+    return generation is not None and begun.generation is not None and generation != begun.generation
+
+
+def done_before(matched: int, still_selected: int) -> int:
+    """What a resumed replay already did: the selected events no longer archived."""
+    return max(0, matched - still_selected)
+
+
+def message_view(item: Archived | None) -> dict[str, Any] | None:
+    """An archived event as status shows it: names, ids and its exception's class — never its arguments, nor the
+    exception's message, which may echo them (whoever may view the namespace reads a replay's status)."""
+    if item is None:
+        return None
+    view: dict[str, Any] = {"event": item.event[:255]}
+    if item.task_id is not None:
+        view["taskId"] = item.task_id[:255]
+    exception = item.exception_type or (item.exception.split(":", 1)[0] if item.exception else None)
+    if exception:
+        view["exception"] = exception[:SHOWN_EXCEPTION_LENGTH]
+    if item.archived_at is not None:
+        view["archivedAt"] = timestamp(item.archived_at)
+    return view
+
+
+def describe_filter(spec: CeleryEventReplaySpec) -> str:
+    chosen, parts = spec.filter, []
+    if chosen.events:
+        parts.append("events " + ", ".join(chosen.events))
+    if chosen.exception_types:
+        parts.append("after " + ", ".join(chosen.exception_types))
+    if chosen.task_ids:
+        parts.append(f"{len(chosen.task_ids)} task ids")
+    if chosen.older_than_seconds is not None:
+        parts.append(f"archived at least {chosen.older_than_seconds} s before its creation")
+    if chosen.newer_than_seconds is not None:
+        parts.append(f"archived at most {chosen.newer_than_seconds} s before its creation")
+    if spec.limit is not None:
+        parts.append(f"at most {spec.limit}")
+    if spec.rate_per_second is not None:
+        parts.append(f"{spec.rate_per_second}/s")
+    return "; ".join(parts) or "every archived event"
+
+
+def _conditions(
+    previous: Sequence[Mapping[str, Any]],
+    generation: int | None,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    *,
+    now: float,
+) -> list[dict[str, Any]]:
+    updated = conditions.updated(
+        _typed(previous),
+        type=SUCCEEDED,
+        status=status,
+        reason=reason,
+        message=_bounded(message, MAX_CONDITION_MESSAGE_LENGTH),
+        generation=generation,
+        now=datetime.datetime.fromtimestamp(now, tz=datetime.UTC),
+    )
+    return [condition.model_dump(by_alias=True, exclude_none=True) for condition in updated]
+
+
+def _typed(written: Sequence[Mapping[str, Any]]) -> list[Condition]:
+    """The conditions as written (one that does not fit the schema, hand-edited, is left out)."""
+    typed = []
+    for condition in written:
+        try:
+            typed.append(Condition.model_validate(condition))
+        except ValidationError:
+            continue
+    return typed
+
+
+def waiting(
+    previous: Sequence[Mapping[str, Any]],
+    replay: Replay,
+    reason: str,
+    message: str,
+    *,
+    began: Started | None,
+    now: float,
+) -> Decision:
+    """Held, with the reason; nothing is touched. Before it starts, its spec may still change (observedGeneration
+    follows); once started, observedGeneration stays the generation it started with."""
+    status: dict[str, Any] = {
+        "conditions": _conditions(previous, replay.generation, "Unknown", reason, message, now=now)
+    }
+    if began is None:
+        status["observedGeneration"] = replay.generation
+    return Decision(status, ())
+
+
+def refused(
+    previous: Sequence[Mapping[str, Any]], body: Mapping[str, Any], error: InvalidSpecError, *, now: float
+) -> Decision:
+    """A replay that cannot run as written: it ends at once, nothing touched, one Warning Event."""
+    generation = (body.get("metadata") or {}).get("generation")
+    message = f"{_bounded(str(error), MAX_REFUSAL_LENGTH)}; nothing was touched"
+    status = {
+        "observedGeneration": generation,
+        "conditions": _conditions(previous, generation, "False", "InvalidSpec", message, now=now),
+    }
+    return Decision(status, (EventNote("Warning", "InvalidSpec", message),))
+
+
+def begun(
+    previous: Sequence[Mapping[str, Any]],
+    replay: Replay,
+    *,
+    service_name: str,
+    started_at: float,
+    archived: int,
+    matched: int,
+) -> Decision:
+    """Counted, not yet moved: written (and seen written) before anything moves; the start's Event."""
+    target = replay.target(matched)
+    dry = " (dry run)" if replay.spec.dry_run else ""
+    message = f"{replay.spec.action}{dry} of {target} archived events of {service_name} started"
+    status: dict[str, Any] = {
+        "observedGeneration": replay.generation,
+        "serviceName": service_name,
+        "startTime": timestamp(started_at),
+        "archived": archived,
+        "matched": matched,
+        replay.done_field: 0,
+        "skipped": 0,
+        "remaining": target,
+        "conditions": _conditions(previous, replay.generation, "Unknown", RUNNING, message, now=started_at),
+    }
+    note = (
+        f"{replay.spec.action}{dry} of {service_name}'s archive started: {matched} of {archived} archived events "
+        f"selected ({describe_filter(replay.spec)}), {target} to take"
+    )
+    return Decision(status, (EventNote("Normal", "Started", note),))
+
+
+def progressed(
+    replay: Replay,
+    *,
+    matched: int,
+    done: int,
+    unroutable: int,
+    first: Mapping[str, Any] | None,
+    last: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The counters while it runs (the condition stays as `begun` wrote it: no write per message)."""
+    status: dict[str, Any] = {
+        replay.done_field: done,
+        "skipped": unroutable,
+        "remaining": max(0, replay.target(matched) - done - unroutable),
+    }
+    if first is not None:
+        status["firstMessage"] = first
+    if last is not None:
+        status["lastMessage"] = last
+    return status
+
+
+def dry_run_ended(
+    previous: Sequence[Mapping[str, Any]],
+    replay: Replay,
+    *,
+    service_name: str,
+    matched: int,
+    preview: Sequence[Archived],
+    now: float,
+) -> Decision:
+    target = replay.target(matched)
+    verb = "purge" if replay.purge else "replay"
+    message = f"would {verb} {target} of {matched} selected archived events of {service_name}; nothing was changed"
+    if preview:
+        message += f" (the first {len(preview)} in status.preview)"
+    status: dict[str, Any] = {
+        "remaining": 0,
+        "preview": [message_view(item) for item in preview],
+        "completionTime": timestamp(now),
+        "conditions": _conditions(previous, replay.generation, "True", "DryRun", message, now=now),
+    }
+    return Decision(status, (EventNote("Normal", "DryRun", message),))
+
+
+def ended(
+    previous: Sequence[Mapping[str, Any]],
+    replay: Replay,
+    *,
+    service_name: str,
+    archived: int,
+    matched: int,
+    done: int,
+    last: Mapping[str, Any] | None,
+    now: float,
+) -> Decision:
+    """All selected events taken (or left, counted as skipped): Succeeded True and the end's Event."""
+    skipped = max(0, matched - done)
+    where = "purged from the archive" if replay.purge else "sent back to its handler queues"
+    message = f"{done} of {matched} selected archived events of {service_name} {where}"
+    if skipped:
+        message += f"; {skipped} skipped (beyond the limit, or no queue takes them) stay archived"
+    others = archived - matched
+    if others > 0:
+        message += f"; {others} other archived events were not selected"
+    status: dict[str, Any] = {
+        replay.done_field: done,
+        "skipped": skipped,
+        "remaining": 0,
+        "completionTime": timestamp(now),
+        "conditions": _conditions(
+            previous, replay.generation, "True", "Purged" if replay.purge else "Replayed", message, now=now
+        ),
+    }
+    if last is not None:
+        status["lastMessage"] = last
+    return Decision(status, (EventNote("Normal", "Purged" if replay.purge else "Replayed", message),))
+
+
+def failed(
+    previous: Sequence[Mapping[str, Any]], generation: int | None, reason: str, message: str, *, now: float
+) -> Decision:
+    """Ended without finishing (the archive is gone, the spec changed under it): what it did stays counted."""
+    status = {
+        "completionTime": timestamp(now),
+        "conditions": _conditions(previous, generation, "False", reason, message, now=now),
+    }
+    return Decision(status, (EventNote("Warning", reason, message),))
+
+
+# --- the command line's side: a replay to create, and how far it is --------------------------------------------
+
+
+def manifest(
+    service: str,
+    *,
+    purge: bool,
+    events: Sequence[str] = (),
+    exception_types: Sequence[str] = (),
+    task_ids: Sequence[str] = (),
+    older_than_seconds: int | None = None,
+    newer_than_seconds: int | None = None,
+    limit: int | None = None,
+    rate_per_second: int | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """The CeleryEventReplay `archive replay|purge --via-cluster` creates (named by the API server); its spec is
+    checked here first, so that a mistake is told before anything is created."""
+    chosen: dict[str, Any] = {
+        "events": list(events),
+        "exceptionTypes": list(exception_types),
+        "taskIds": list(task_ids),
+        "olderThanSeconds": older_than_seconds,
+        "newerThanSeconds": newer_than_seconds,
+    }
+    spec: dict[str, Any] = {
+        "serviceRef": {"name": service},
+        "action": "purge" if purge else "replay",
+        "filter": {key: value for key, value in chosen.items() if value not in (None, [])},
+        "limit": limit,
+        "ratePerSecond": rate_per_second,
+        "dryRun": dry_run,
+        "confirm": purge,
+    }
+    spec = {key: value for key, value in spec.items() if value is not None}
+    parse_replay_spec(spec)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": REPLAY_KIND,
+        "metadata": {"generateName": f"{service}-{spec['action']}-"[:58]},
+        "spec": spec,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """A replay's state as someone following it sees it."""
+
+    state: str  # the Succeeded condition's status: "", Unknown, True, False
+    reason: str
+    message: str
+    done: int
+    total: int | None  # what it takes, once counted
+
+
+def seen(body: Mapping[str, Any]) -> Seen:
+    status = body.get("status") or {}
+    condition = succeeded(status)
+    action = (body.get("spec") or {}).get("action")
+    done = status.get("purged" if action == "purge" else "replayed") or 0
+    total = None
+    if isinstance(status.get("remaining"), int):
+        total = done + (status.get("skipped") or 0) + status["remaining"]
+        if finished(status):
+            total = done + (status.get("remaining") or 0)
+    return Seen(
+        str(condition.get("status") or ""),
+        str(condition.get("reason") or ""),
+        str(condition.get("message") or ""),
+        done,
+        total,
+    )

@@ -1,0 +1,426 @@
+"""The whole status of a service concluded from what one pass observed (pure): its conditions, counters and
+replicas, the Events worth posting, and the annotations to remember.
+
+One function, `conclude`, is the only author of status. Events follow transitions, not passes: one Warning per
+change of a failure, one Normal per recovery, never one per resync of an unchanged failure; the few Events that
+are not transitions of a condition (a queue length unknown while autoscaling, an unreadable /scale) are posted
+once per distinct problem, which `Announced` remembers between passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from celery_event_operator.core.api import conditions
+from celery_event_operator.core.api.metadata import DECLARED_ANNOTATION
+from celery_event_operator.core.api.models import CeleryEventServiceStatus, Condition, ConditionStatus
+from celery_event_operator.core.broker.alarms import Alarm, describe
+from celery_event_operator.core.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
+from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.monitoring import report
+from celery_event_operator.core.scaling.depths import counters
+from celery_event_operator.core.service.observations import (
+    LifecycleSeen,
+    MonitoringSeen,
+    Observations,
+    QueuesSeen,
+    ScalingSeen,
+)
+from celery_event_operator.core.topology.declared import Declared
+from celery_event_operator.core.topology.outcome import DeclareOutcome
+
+BROKER_REACHABLE = "BrokerReachable"
+TOPOLOGY_READY = "TopologyReady"
+WORKERS_CONFIGURED = "WorkersConfigured"
+WORKERS_HEALTHY = "WorkersHealthy"
+MONITORING_READY = "MonitoringReady"
+BROKER_ALARM = "BrokerAlarm"
+# A condition names this many stuck pods, the rest counted; so many WorkerStuck Events at most per pass.
+STUCK_NAMED = 10
+STUCK_EVENTS_PER_PASS = 5
+_ORDER = {
+    conditions.READY: 0,
+    BROKER_REACHABLE: 1,
+    TOPOLOGY_READY: 2,
+    WORKERS_CONFIGURED: 3,
+    WORKERS_HEALTHY: 4,
+    MONITORING_READY: 5,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EventNote:
+    """A Kubernetes Event to post about the resource."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Announced:
+    """The problems already announced by an Event that is no condition's transition (kept between passes)."""
+
+    queues_problem: str | None = None  # why queue lengths are unknown
+    scale_problem: str | None = None  # why the workload's /scale cannot be read
+    scaling_failure: str | None = None  # why the last change of replicas was refused
+    monitoring_failure: bool = False  # the events consumer's own failure
+    stuck: frozenset[str] = frozenset()  # the pods announced stuck (one Event each, per episode)
+    overflowed: frozenset[str] = frozenset()  # the metric labels announced past their bound (one Event in all)
+    settings_unavailable: str | None = None  # the Secret has not been readable for long (the API's fault)
+
+
+@dataclasses.dataclass(frozen=True)
+class Conclusion:
+    status: CeleryEventServiceStatus
+    events: tuple[EventNote, ...]
+    annotations: dict[str, str]
+    announced: Announced
+    resync: bool = False  # a reconcile should conclude the conditions afresh now (a broker alarm cleared)
+
+    @property
+    def ready(self) -> bool:
+        found = conditions.find(self.status.conditions, conditions.READY)
+        return found is not None and found.status == "True"
+
+
+def status_of(body: Mapping[str, Any]) -> CeleryEventServiceStatus:
+    """The status a resource shows, typed; a field that does not fit the schema (hand-edited) is left out."""
+    raw = body.get("status") or {}
+    try:
+        return CeleryEventServiceStatus.model_validate(raw)
+    except ValidationError:
+        fitting = {}
+        for field, value in raw.items():
+            try:
+                CeleryEventServiceStatus.model_validate({field: value})
+            except ValidationError:
+                continue
+            fitting[field] = value
+        return CeleryEventServiceStatus.model_validate(fitting)
+
+
+def patch_of(status: CeleryEventServiceStatus) -> dict[str, Any]:
+    """The status as the API has it (camelCase, no unset fields)."""
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def conclude(
+    previous: CeleryEventServiceStatus, seen: Observations, announced: Announced, now: datetime.datetime
+) -> Conclusion:
+    """The status after what `seen` observed, starting from `previous` (what was last written, else what the
+    resource shows), with the Events worth posting and the annotations to change."""
+    state = _Conditions(previous.conditions, seen.generation, now)
+    fields: dict[str, Any] = {}
+    annotations: dict[str, str] = {}
+    if seen.invalid is not None:
+        state.set(conditions.READY, "False", seen.invalid.reason, str(seen.invalid))
+        fields["observed_generation"] = seen.generation
+    if seen.workers is not None:
+        _workers(state, seen.workers)
+    if seen.topology is not None:
+        if not _unread(state, seen.topology):
+            fields["observed_generation"] = seen.generation
+        annotations |= _topology(state, seen.topology, seen.workers, seen.declared, seen.alarms)
+        announced = _settings_unavailable(state, seen.settings_unavailable, announced)
+    resync = False
+    if seen.topology is None and seen.alarms is not None:  # a status pass
+        if seen.alarms:
+            _alarmed(state, seen.alarms)
+        else:
+            resync = _alarms_cleared(state)
+    if seen.queues is not None:
+        announced = _queues(fields, state, seen.queues, announced, autoscaling=_autoscaling(seen))
+    if seen.scaling is not None:
+        announced = _scaling(fields, state, seen.scaling, announced, scaling_wanted=_scaling_wanted(seen))
+    if seen.lifecycle is not None:
+        announced = _lifecycle(state, seen.lifecycle, announced)
+    elif seen.spec is not None and seen.spec.workers is None:
+        state.remove(WORKERS_HEALTHY)  # no workers to keep (any more)
+    if seen.evicted is not None:
+        state.events.append(EventNote("Normal", "PodEvicted", f"evicted pod {seen.evicted.pod}: {seen.evicted.why}"))
+    if seen.monitoring is not None:
+        announced = _monitoring(state, seen.monitoring, announced)
+    if seen.overflowing is not None:
+        # A label no longer past its bound (the series started afresh) is announced again when it is.
+        still = announced.overflowed & frozenset(seen.overflowing)
+        overflowed, message = report.overflow_note(still, seen.overflowing)
+        if message is not None:
+            state.events.append(EventNote("Warning", report.OVERFLOW_REASON, message))
+        announced = dataclasses.replace(announced, overflowed=overflowed)
+    fields["conditions"] = sorted(state.current, key=lambda c: _ORDER.get(c.type, len(_ORDER)))
+    return Conclusion(previous.model_copy(update=fields), tuple(state.events), annotations, announced, resync)
+
+
+def conclude_deletion(outcome: DeclareOutcome) -> tuple[EventNote, ...]:
+    """Events for a deletion with `deletionPolicy: delete`."""
+    if outcome.failure is not None or outcome.report is None:
+        reason = outcome.failure.reason if outcome.failure is not None else "BrokerUnreachable"
+        return (EventNote("Warning", reason, f"the service's queues were not removed: {outcome.failure}"),)
+    notes = []
+    if outcome.report.removed:
+        notes.append(EventNote("Normal", "Removed", "removed: " + ", ".join(outcome.report.removed)))
+    if outcome.report.kept:
+        kept = ", ".join(f"{q.name} ({q.messages} messages)" for q in outcome.report.kept)
+        notes.append(EventNote("Warning", "KeptNonEmpty", f"kept because they hold messages: {kept}"))
+    return tuple(notes)
+
+
+class _Conditions:
+    """Accumulates condition updates and the Events their transitions deserve."""
+
+    def __init__(self, previous: Sequence[Condition], generation: int | None, now: datetime.datetime) -> None:
+        self.previous = list(previous)
+        self.current = list(previous)
+        self.generation = generation
+        self.now = now
+        self.events: list[EventNote] = []
+
+    def set(self, type: str, status: ConditionStatus, reason: str, message: str, *, announce: bool = True) -> None:
+        before = conditions.find(self.previous, type)
+        self.current = conditions.updated(
+            self.current,
+            type=type,
+            status=status,
+            reason=reason,
+            message=message,
+            generation=self.generation,
+            now=self.now,
+        )
+        if not announce:
+            return
+        was = (before.status, before.reason, before.message) if before is not None else None
+        if status == "False" and was != ("False", reason, message):
+            self.events.append(EventNote("Warning", reason, message))
+        elif status == "True" and was is not None and was[0] == "False":
+            self.events.append(EventNote("Normal", reason, message))
+
+    def remove(self, type: str) -> None:
+        self.current = [c for c in self.current if c.type != type]
+
+
+def _autoscaling(seen: Observations) -> bool:
+    return seen.spec is not None and seen.spec.autoscaling.enabled
+
+
+def _scaling_wanted(seen: Observations) -> bool:
+    """Something is to be scaled: by the autoscaler, or to spec.workers.replicas."""
+    workers = seen.spec.workers if seen.spec is not None else None
+    return _autoscaling(seen) or (workers is not None and workers.replicas is not None)
+
+
+def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
+    """WorkersConfigured: the settings exist, and how many pods run with the current ones. When the Kubernetes API
+    did not answer, the condition stays as the last pass found it (a blip the next pass absorbs is no change)."""
+    if workers.unavailable is not None:
+        if conditions.find(state.current, WORKERS_CONFIGURED) is None:
+            state.set(WORKERS_CONFIGURED, "Unknown", KubeUnavailableError.reason, workers.unavailable, announce=False)
+        return
+    if workers.configmap_error is not None:
+        state.set(WORKERS_CONFIGURED, "False", "ConfigMapFailed", workers.configmap_error)
+        return
+    if workers.stamped is not None:
+        state.events.append(
+            EventNote("Normal", "RolloutStarted", f"settings {workers.config_hash} stamped on {workers.stamped}")
+        )
+    if workers.target_error is not None:
+        state.set(WORKERS_CONFIGURED, "False", workers.target_reason, workers.target_error)
+    elif workers.pods_current < workers.pods:
+        healing = (
+            f"; the other {workers.pods - workers.pods_current} are evicted one at a time after "
+            f"{workers.heal_after_seconds} s without them"
+            if workers.heal_after_seconds is not None
+            else ""
+        )
+        message = f"{workers.pods_current}/{workers.pods} pods run with settings {workers.config_hash}{healing}"
+        state.set(WORKERS_CONFIGURED, "False", "RolloutPending", message, announce=False)
+    else:
+        message = f"{workers.pods}/{workers.pods} pods run with settings {workers.config_hash}"
+        state.set(WORKERS_CONFIGURED, "True", "SettingsCurrent", message, announce=False)
+
+
+def _topology(
+    state: _Conditions,
+    outcome: DeclareOutcome,
+    workers: WorkersOutcome | None,
+    declared: Declared,
+    alarms: tuple[Alarm, ...] | None,
+) -> dict[str, str]:
+    """BrokerReachable, TopologyReady and Ready after a declare (and the broker's alarms); the entities to
+    remember."""
+    failure = outcome.failure
+    if _unread(state, outcome):
+        return {}  # the Secret could not be read this time (the API's fault): nothing changed that is known
+    if isinstance(failure, BrokerRefusedError | UnsupportedOperationError):
+        state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
+        state.set(TOPOLOGY_READY, "False", failure.reason, str(failure))
+        state.set(conditions.READY, "False", failure.reason, str(failure), announce=False)
+        return {}
+    if failure is not None or outcome.report is None:
+        reason, message = (failure.reason, str(failure)) if failure is not None else ("BrokerUnreachable", "")
+        state.set(BROKER_REACHABLE, "False", reason, message)
+        not_checked = "not checked: the broker cannot be reached"
+        state.set(TOPOLOGY_READY, "Unknown", "BrokerUnreachable", not_checked, announce=False)
+        state.set(conditions.READY, "False", reason, message, announce=False)
+        return {}
+    report, topology = outcome.report, outcome.topology
+    if not alarms:
+        state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {outcome.broker}")
+    ready: tuple[ConditionStatus, str, str]
+    if report.problems:
+        message = "; ".join(problem.message for problem in report.problems)
+        state.set(TOPOLOGY_READY, "False", "ArgumentMismatch", message)
+        ready = ("False", "TopologyMismatch", message)
+    elif (configmap_error := _configmap_error(state, workers)) is not None:
+        state.set(TOPOLOGY_READY, "True", "Declared", f"{len(topology.queues)} queues declared")
+        ready = ("False", "WorkersNotConfigured", configmap_error)
+    else:
+        message = f"{len(topology.queues)} queues and {len(topology.exchanges)} exchanges declared"
+        if report.kept:
+            waiting = ", ".join(f"{q.name} ({q.messages} messages)" for q in report.kept)
+            message += f"; no longer planned, removed once empty: {waiting}"
+        state.set(TOPOLOGY_READY, "True", "Declared", message)
+        ready = ("True", "Reconciled", f"service {topology.service!r}: {message}")
+    if alarms:
+        _alarmed(state, alarms)
+    else:
+        state.set(conditions.READY, *ready, announce=False)
+    if report.recreated:
+        state.events.append(
+            EventNote("Normal", "Recreated", "recreated with the planned arguments: " + ", ".join(report.recreated))
+        )
+    if report.removed:
+        state.events.append(
+            EventNote("Normal", "Removed", "no longer planned and empty, removed: " + ", ".join(report.removed))
+        )
+    remembered = report.remembered(topology, declared)
+    return {DECLARED_ANNOTATION: remembered.to_json()} if remembered != declared else {}
+
+
+def _alarmed(state: _Conditions, alarms: tuple[Alarm, ...]) -> None:
+    """The broker blocks publishers: BrokerReachable and Ready say which alarm (one Warning); the topology and the
+    consumers are as they were."""
+    message = describe(alarms)
+    state.set(BROKER_REACHABLE, "False", BROKER_ALARM, message)
+    state.set(conditions.READY, "False", BROKER_ALARM, message, announce=False)
+
+
+def _alarms_cleared(state: _Conditions) -> bool:
+    """The alarm the status shows is no longer in effect: a reconcile concludes the conditions afresh."""
+    found = conditions.find(state.current, BROKER_REACHABLE)
+    return found is not None and found.reason == BROKER_ALARM
+
+
+def _unread(state: _Conditions, outcome: DeclareOutcome) -> bool:
+    """The Secret of a service that was reachable could not be read this time (the API did not answer): nothing
+    was done, and the status stays as it was — its observedGeneration too."""
+    if not isinstance(outcome.failure, KubeUnavailableError):
+        return False
+    found = conditions.find(state.previous, BROKER_REACHABLE)
+    return found is not None and found.status == "True"
+
+
+def _configmap_error(state: _Conditions, workers: WorkersOutcome | None) -> str | None:
+    """Why the workers' settings are not written: this pass's failure, or the last pass's while the API did not
+    answer this time."""
+    if workers is None:
+        return None
+    if workers.unavailable is None:
+        return workers.configmap_error
+    found = conditions.find(state.current, WORKERS_CONFIGURED)
+    return found.message if found is not None and found.reason == "ConfigMapFailed" else None
+
+
+def _settings_unavailable(state: _Conditions, problem: str | None, announced: Announced) -> Announced:
+    """The broker Secret has not been readable for long: the settings last read are still used (nothing else
+    changes), said once per episode."""
+    if problem is not None and announced.settings_unavailable is None:
+        state.events.append(EventNote("Warning", KubeUnavailableError.reason, problem))
+    return dataclasses.replace(announced, settings_unavailable=problem)
+
+
+def _queues(
+    fields: dict[str, Any], state: _Conditions, queues: QueuesSeen, announced: Announced, *, autoscaling: bool
+) -> Announced:
+    """The counters (kept as they were when the depths are unknown: no numbers from missing data)."""
+    if queues.depths is None:
+        problem = f"queue lengths unknown, replicas left as they are: {queues.problem}"
+        if autoscaling and problem != announced.queues_problem:
+            state.events.append(EventNote("Warning", "ScalingPaused", problem))
+        return dataclasses.replace(announced, queues_problem=problem)
+    totals = counters(queues.depths)
+    fields |= {
+        "queue_length": totals["queueLength"],
+        "retrying": totals["retrying"],
+        "archived": totals["archived"],
+        "consumers": totals["consumers"],
+    }
+    return dataclasses.replace(announced, queues_problem=None)
+
+
+def _scaling(
+    fields: dict[str, Any], state: _Conditions, scaling: ScalingSeen, announced: Announced, *, scaling_wanted: bool
+) -> Announced:
+    fields["selector"] = scaling.selector
+    if scaling.scale_problem is not None:
+        # Worth an Event only when something is to be scaled, and once per distinct problem.
+        if scaling_wanted and scaling.scale_problem != announced.scale_problem:
+            state.events.append(EventNote("Warning", "ScalingPaused", scaling.scale_problem))
+        return dataclasses.replace(announced, scale_problem=scaling.scale_problem)
+    if scaling.replicas is not None:
+        fields["replicas"] = scaling.replicas
+    if scaling.desired is not None:
+        fields["desired_replicas"] = scaling.desired
+    if scaling.failed is not None and scaling.failed != announced.scaling_failure:
+        state.events.append(EventNote("Warning", "ScalingFailed", scaling.failed))  # once per distinct refusal
+    if scaling.scaled is not None:
+        scaled = scaling.scaled
+        fields["last_scale_time"] = scaled.at
+        message = f"{scaled.target} from {scaled.before} to {scaled.after}: {scaled.why}"
+        state.events.append(EventNote("Normal", "Scaled", message))
+    if not scaling.scale_checked:
+        return announced  # the workload was not looked at: what was announced stays announced
+    return dataclasses.replace(announced, scale_problem=None, scaling_failure=scaling.failed)
+
+
+def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announced) -> Announced:
+    """WorkersHealthy: do the Running workers heartbeat and consume? One Warning per pod found stuck."""
+    if lifecycle.unchecked is not None:
+        state.set(WORKERS_HEALTHY, "Unknown", "NotChecked", lifecycle.unchecked, announce=False)
+        return announced
+    if not lifecycle.stuck:
+        message = f"{lifecycle.judged} running workers heartbeat and consume"
+        state.set(WORKERS_HEALTHY, "True", "WorkersHealthy", message)
+        return dataclasses.replace(announced, stuck=frozenset())
+    stuck = lifecycle.stuck
+    message = "; ".join(f"{worker.pod}: {worker.why}" for worker in stuck[:STUCK_NAMED])
+    if len(stuck) > STUCK_NAMED:
+        message += f"; and {len(stuck) - STUCK_NAMED} more (celery_event_operator_stuck_workers)"
+    state.set(WORKERS_HEALTHY, "False", "WorkersStuck", message, announce=False)
+    new = [worker for worker in stuck if worker.pod not in announced.stuck]
+    for worker in new[:STUCK_EVENTS_PER_PASS]:
+        state.events.append(EventNote("Warning", "WorkerStuck", f"worker pod {worker.pod}: {worker.why}"))
+    # The pods not announced yet (beyond the pass's Events) are announced in the next passes.
+    announced_now = {worker.pod for worker in stuck if worker.pod in announced.stuck}
+    announced_now |= {worker.pod for worker in new[:STUCK_EVENTS_PER_PASS]}
+    return dataclasses.replace(announced, stuck=frozenset(announced_now))
+
+
+def _monitoring(state: _Conditions, monitoring: MonitoringSeen, announced: Announced) -> Announced:
+    """MonitoringReady: is the service's events consumer live? Only the consumer's own failures are Events (a
+    broker that cannot be reached is announced by BrokerReachable, a consumer still connecting is no problem),
+    and a recovery only after an announced failure."""
+    if not monitoring.enabled:
+        state.remove(MONITORING_READY)
+        return dataclasses.replace(announced, monitoring_failure=False)
+    if monitoring.problem is None:
+        message = "the service's Celery events are consumed"
+        state.set(MONITORING_READY, "True", "Consuming", message, announce=announced.monitoring_failure)
+        return dataclasses.replace(announced, monitoring_failure=False)
+    state.set(MONITORING_READY, "False", "EventsNotConsumed", monitoring.problem, announce=monitoring.own_failure)
+    return dataclasses.replace(announced, monitoring_failure=monitoring.own_failure or announced.monitoring_failure)
