@@ -20,7 +20,9 @@ RabbitMQ at $AMQP_URL in a vhost of the bench's (removed afterwards). Printed, i
 - during each scrape after a heartbeat round: the longest response of the liveness endpoint, which the
   operator's event loop serves, asked a hundred times a second on a kept-alive connection (the longest
   event-loop stall, give or take one request), and the webhook's p99 and longest response
-  (AdmissionReviews, as often), beside the same measured for 3 s without a scrape;
+  (AdmissionReviews, as often), beside the same measured for --quiet-seconds without a scrape;
+- all of these twice: right after the set-up, and once the operator froze its settled heap for Python's
+  cycle collector (it does 2 minutes after its start; the full collections of a large heap stall the loop);
 - the operator's RSS.
 
 Asserts nothing.
@@ -325,6 +327,28 @@ def scrape_round(
     )
 
 
+def scrapes(
+    operator: OperatorProcess, broker: tuple[str, rabbitmq.Management, str], names: list[str], args: argparse.Namespace
+) -> None:
+    with Pingers(operator) as idle:
+        time.sleep(args.quiet_seconds)
+    print(f"no scrape ({args.quiet_seconds:.0f} s): {idle.summary()}")
+    for number in range(1, args.scrapes + 1):
+        scrape_round(operator, broker, names, compressed=True, tasks=True, number=number)
+    scrape_round(operator, broker, names, compressed=True, tasks=False, number=args.scrapes + 1)
+    scrape_round(operator, broker, names, compressed=False, tasks=True, number=args.scrapes + 2)
+
+
+def wait_frozen(operator: OperatorProcess, timeout: float = 600) -> None:
+    """Until the operator froze its settled heap for the collector (it logs it)."""
+    deadline = time.monotonic() + timeout
+    while "frozen for the collector" not in operator.log():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the operator did not freeze its heap")
+        time.sleep(1)
+    time.sleep(2)  # the freeze's own full collection is over
+
+
 def set_up(api: EmulatedApi, names: list[str], args: argparse.Namespace) -> bool:
     """The pods and the services, until every service consumes its events."""
     started = time.monotonic()
@@ -376,6 +400,7 @@ def main() -> int:
     parser.add_argument("--generated-names", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=2, help="tasks of every name and service")
     parser.add_argument("--scrapes", type=int, default=3)
+    parser.add_argument("--quiet-seconds", type=float, default=10, help="the stalls measured without a scrape")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--operator-args", default="", help="extra arguments of `celery-event-operator run`")
     args = parser.parse_args()
@@ -397,20 +422,19 @@ def main() -> int:
             operator = OperatorProcess(
                 api.kubeconfig, workdir / "operator.log", *args.operator_args.split(), resync_seconds=30, verbose=False
             ).start()
+            started = time.monotonic()
             assert operator.process is not None
             try:
                 if not set_up(api, names, args):
                     return 1
                 ingest(operator, url, names, tasks, args)
                 report_series(operator, names, tasks, args)
-                with Pingers(operator) as idle:
-                    time.sleep(3)
-                print(f"no scrape (3 s):  {idle.summary()}")
                 broker = (url, management, vhost)
-                for number in range(1, args.scrapes + 1):
-                    scrape_round(operator, broker, names, compressed=True, tasks=True, number=number)
-                scrape_round(operator, broker, names, compressed=True, tasks=False, number=args.scrapes + 1)
-                scrape_round(operator, broker, names, compressed=False, tasks=True, number=args.scrapes + 2)
+                print("-- fresh: right after the set-up and the events")
+                scrapes(operator, broker, names, args)
+                wait_frozen(operator)
+                print(f"-- settled: the operator froze its heap ({time.monotonic() - started:.0f} s after its start)")
+                scrapes(operator, broker, names, args)
                 print(f"operator RSS:    {bench.rss_mb(operator.process.pid):.0f} MB")
                 print(f"overflow Events: {overflow_events(api)}")
             finally:

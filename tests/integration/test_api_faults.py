@@ -3,9 +3,7 @@ for a window, answers 30 % of requests with 500 and 20 % with 429 (Retry-After),
 cuts every watch after 5 s — while services are created, deleted and changed, and AdmissionReviews keep coming.
 
 The API's faults are never blamed on the user (no BrokerSecretInvalid), no events consumer is dropped, the webhook
-answers from what it knows, and everything is healed within one resync after the window. The window is 30 s, not
-the issue's 60 s: six watch cuts, a dozen reconciles per service and several Secret re-reads already fall in it;
-a longer one shows nothing more and costs CI another half minute.
+answers from what it knows, and everything is healed within one resync after the window (the issue's 60 s).
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from tests.support.operator_process import OperatorProcess, admission_review
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
-WINDOW_SECONDS = 30.0
+WINDOW_SECONDS = 60.0
 RESYNC_SECONDS = 10.0
 BASELINE_SECONDS = 8.0
 SERVICES = [f"s{i}" for i in range(10)]
@@ -240,8 +238,8 @@ def test_an_api_server_having_a_bad_minute(
     assert {name: tags_after.get(name) for name in UNTOUCHED} == {name: tags_before[name] for name in UNTOUCHED}
     assert sorted(name for name, tags in tags_after.items() if tags) == sorted(expected), "s0 and s10 consume too"
     assert sampler.uninjected == [], "the webhook did not know a service"
-    # 50 ms on a machine of its own (CI); where other work shares the cores, the webhook's own p99 before the
-    # window measures the machine, and the faults may not add half of it again.
+    # 50 ms where nothing else runs; where other work shares the cores (./dev test runs two test files at once),
+    # the webhook's own p99 before the window measures the machine, and the faults may not add half of it again.
     bound = max(0.050, p99_before * 1.5)
     assert p99 <= bound, f"webhook p99 {p99 * 1000:.0f} ms during the faults ({p99_before * 1000:.0f} before)"
     assert latencies[-1] < 1.0, "an answer waited on the API"
