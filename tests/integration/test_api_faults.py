@@ -200,8 +200,14 @@ def test_an_api_server_having_a_bad_minute(
         operator = OperatorProcess(kubeconfig, tmp_path / "operator.log", resync_seconds=RESYNC_SECONDS).start()
         try:
             expected = start_services(kube_api, test_vhost_url)
+            # The management API lists consumers from statistics the broker emits every few seconds.
+            eventually(
+                lambda: all(len(consumers(rabbitmq_management, test_vhost).get(n, ())) == 1 for n in SERVICES),
+                timeout=20,
+                interval=0.5,
+                message="a Ready service without exactly one consumer on its events queue",
+            )
             tags_before = consumers(rabbitmq_management, test_vhost)
-            assert all(len(tags_before.get(name, ())) == 1 for name in SERVICES), tags_before
             sampler = Sampler(kube_api, operator, rabbitmq_management, test_vhost, proxy)
             bad_minute(kube_api, proxy, sampler)
             faults_ended = time.monotonic()
