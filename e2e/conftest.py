@@ -85,11 +85,33 @@ def worker_manifest() -> str:
     return yaml.safe_dump(deployment)
 
 
-@pytest.fixture
-def service_with_workers(kubectl: Kubectl) -> Iterator[None]:
+def deploy_billing(kubectl: Kubectl, deployment: str) -> Iterator[None]:
+    """The sample service and its worker Deployment, until the rollout is done; both removed afterwards."""
     kubectl("apply", "-f", str(EXAMPLES / "billing.yaml"))
-    kubectl("apply", "-f", "-", stdin=worker_manifest())
+    kubectl("apply", "-f", "-", stdin=deployment)
     kubectl("rollout", "status", "deployment/billing-worker", "--timeout=180s")
     yield
     kubectl("delete", "deployment", "billing-worker", "--ignore-not-found")
     kubectl("delete", "-f", str(EXAMPLES / "billing.yaml"), "--ignore-not-found", "--timeout=60s")
+
+
+@pytest.fixture
+def service_with_workers(kubectl: Kubectl) -> Iterator[None]:
+    yield from deploy_billing(kubectl, worker_manifest())
+
+
+def run_in_service(kubectl: Kubectl, pod: str, code: str) -> None:
+    """A one-off pod of the worker image labelled as the service's (so its settings are injected) running `code`."""
+    kubectl(
+        "run",
+        pod,
+        "--restart=Never",
+        f"--image={WORKER_IMAGE}",
+        "--image-pull-policy=Never",
+        "--labels=celeryevents.io/service=billing",
+        "--command",
+        "--",
+        "python",
+        "-c",
+        code,
+    )

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from e2e.conftest import WORKER_IMAGE, Kubectl, eventually
+from e2e.conftest import Kubectl, eventually, run_in_service
 
 ARCHIVE = """
 from billing_app import app
@@ -43,19 +43,7 @@ def replay(name: str, **spec: object) -> str:
 @pytest.fixture
 def archived_events(kubectl: Kubectl, service_with_workers: None) -> Iterator[None]:
     """Five archived orders.order.cancelled events, published from a pod of the service (settings injected)."""
-    kubectl(
-        "run",
-        "billing-archiver",
-        "--restart=Never",
-        f"--image={WORKER_IMAGE}",
-        "--image-pull-policy=Never",
-        "--labels=celeryevents.io/service=billing",
-        "--command",
-        "--",
-        "python",
-        "-c",
-        ARCHIVE,
-    )
+    run_in_service(kubectl, "billing-archiver", ARCHIVE)
     eventually(lambda: kubectl.json("get", "pod", "billing-archiver")["status"]["phase"] == "Succeeded")
     yield
     kubectl("delete", "pod", "billing-archiver", "--ignore-not-found")

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from e2e.conftest import Kubectl, eventually
-from e2e.test_workers_and_metrics import worker_manifest
+from e2e.conftest import Kubectl, deploy_billing, eventually, run_in_service, worker_manifest
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
@@ -33,28 +32,11 @@ def slow_workers(kubectl: Kubectl) -> Iterator[None]:
     container["command"] += ["--concurrency=1"]
     container["env"] = [{"name": "BILLING_INVOICE_SECONDS", "value": "120"}]
     deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 150
-    kubectl("apply", "-f", "examples/billing.yaml")
-    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(deployment))
-    kubectl("rollout", "status", "deployment/billing-worker", "--timeout=180s")
-    yield
-    kubectl("delete", "deployment", "billing-worker", "--ignore-not-found")
-    kubectl("delete", "-f", "examples/billing.yaml", "--ignore-not-found", "--timeout=60s")
+    yield from deploy_billing(kubectl, yaml.safe_dump(deployment))
 
 
 def test_a_scale_down_removes_the_idle_worker_and_keeps_the_busy_one(kubectl: Kubectl, slow_workers: None) -> None:
-    kubectl(
-        "run",
-        "billing-producer",
-        "--restart=Never",
-        "--image-pull-policy=Never",
-        f"--image={yaml.safe_load(worker_manifest())['spec']['template']['spec']['containers'][0]['image']}",
-        "--labels=celeryevents.io/service=billing",
-        "--command",
-        "--",
-        "python",
-        "-c",
-        "from billing_app import order_created\norder_created(1, 100)",
-    )
+    run_in_service(kubectl, "billing-producer", "from billing_app import order_created\norder_created(1, 100)")
     try:
 
         def busy_pod() -> str | None:

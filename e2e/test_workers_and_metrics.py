@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from e2e.conftest import WORKER_IMAGE, Kubectl, eventually, scrape
+from e2e.conftest import Kubectl, eventually, run_in_service, scrape
 
 
 def pods(kubectl: Kubectl) -> list[dict[str, object]]:
@@ -73,19 +73,8 @@ def test_a_backlog_scales_the_workers_up(kubectl: Kubectl, service_with_workers:
         ),
     )
     eventually(lambda: kubectl.json("get", "deployment", "billing-worker")["spec"]["replicas"] == 0)
-    kubectl(
-        "run",
-        "billing-producer",
-        "--restart=Never",
-        f"--image={WORKER_IMAGE}",
-        "--image-pull-policy=Never",
-        "--labels=celeryevents.io/service=billing",
-        "--command",
-        "--",
-        "python",
-        "-c",
-        "from billing_app import order_created\nfor i in range(100): order_created(i, 1)",
-    )
+    produce = "from billing_app import order_created\nfor i in range(100): order_created(i, 1)"
+    run_in_service(kubectl, "billing-producer", produce)
     try:
         eventually(lambda: kubectl.json("get", "deployment", "billing-worker")["spec"]["replicas"] == 3, timeout=120)
         scaled = [e["message"] for e in kubectl.json("get", "events")["items"] if e.get("reason") == "Scaled"]

@@ -41,3 +41,9 @@ def test_import_layers() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_kind_suite_collects() -> None:
+    """e2e/ runs only where a Docker engine is (kind): its modules are at least imported with every run."""
+    result = run("pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "e2e")
+    assert result.returncode == 0, result.stdout + result.stderr
