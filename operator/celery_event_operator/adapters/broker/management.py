@@ -92,9 +92,9 @@ class QueueListing:
         endpoint = address.endpoints[0]
         self._authorization = aiohttp.encode_basic_auth(endpoint.user, endpoint.password)
         self._vhost = urllib.parse.quote(address.vhost, safe="")
-        self._queues = _Cached[dict[str, QueueCounts]](self._list_queues, {})
-        self._consumers = _Cached[tuple[Consumer, ...]](self._list_consumers, ())
-        self._alarms = _Cached[tuple[Alarm, ...]](self._list_alarms, ())
+        self._queues = _Cached[dict[str, QueueCounts]](self._guarded(self._list_queues), {})
+        self._consumers = _Cached[tuple[Consumer, ...]](self._guarded(self._list_consumers), ())
+        self._alarms = _Cached[tuple[Alarm, ...]](self._guarded(self._list_alarms), ())
         self._session: aiohttp.ClientSession | None = None
 
     async def queues(self, max_age: float) -> dict[str, QueueCounts]:
@@ -155,18 +155,27 @@ class QueueListing:
             raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status}")
         return body
 
+    def _guarded(self, listing: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+        """`listing`, whose failures — the connection's, or an answer of another shape than the API's (a proxy's
+        page) — are the management API's being unavailable, with no secret in the message."""
+
+        async def fetch() -> T:
+            try:
+                return await listing()
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                reason = self._address.redact(f"{type(exc).__name__}: {exc}")
+                raise ManagementUnavailableError(f"management API at {self.base_url}: {reason}") from None
+
+        return fetch
+
     async def _answer(self, path: str) -> tuple[int, Any]:
         """The status and the JSON body of a GET (a body that is no JSON: None)."""
         url = f"{self.base_url}{path}"
-        try:
-            async with self._client().get(url, allow_redirects=False) as response:  # credentials stay on that host
-                try:
-                    return response.status, await response.json(content_type=None)
-                except ValueError:
-                    return response.status, None
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            reason = self._address.redact(f"{type(exc).__name__}: {exc}")
-            raise ManagementUnavailableError(f"management API at {self.base_url}: {reason}") from None
+        async with self._client().get(url, allow_redirects=False) as response:  # credentials stay on that host
+            try:
+                return response.status, await response.json(content_type=None)
+            except ValueError:
+                return response.status, None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -1,0 +1,28 @@
+"""The management API's listings: an answer of another shape than the API's is the API being unavailable."""
+
+from __future__ import annotations
+
+import aiohttp.web
+import pytest
+from aiohttp.test_utils import TestServer
+
+from celery_event_operator.adapters.broker.management import QueueListing
+from celery_event_operator.core.broker.address import parse
+from celery_event_operator.core.errors import ManagementUnavailableError
+
+
+async def test_a_page_that_is_not_the_apis_answer_is_the_api_unavailable_and_shows_no_secret() -> None:
+    async def proxy_page(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(["a list where the API answers an object"])
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/{tail:.*}", proxy_page)
+    async with TestServer(app) as server:
+        listing = QueueListing(parse("amqp://user:s3cret@127.0.0.1:5672/shop"), str(server.make_url("")), None)
+        try:
+            for listed in (listing.queues, listing.consumers):
+                with pytest.raises(ManagementUnavailableError) as raised:
+                    await listed(0)
+                assert "s3cret" not in str(raised.value)
+        finally:
+            await listing.close()
