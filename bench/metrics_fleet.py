@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from tests.support import bench, framed_publisher, rabbitmq
+from tests.support import bench, framed_publisher, rabbitmq, waiting
 from tests.support.kube import EmulatedApi
 from tests.support.operator_process import OperatorProcess, admission_review
 
@@ -276,12 +276,13 @@ def exact_fleet(text: bytes, names: list[str], tasks: list[str], rounds: int) ->
 def drained(management: rabbitmq.Management, vhost: str) -> None:
     """Until the services' events queues are empty (then 1 s, for the operator to count what it took): found
     through the management API, so that the scrape that follows is the first since the events came."""
-    while True:
+
+    def empty() -> bool:
         queues = management.request("GET", f"/queues/{management.vhost_path(vhost)}?columns=name,messages")
-        if all(not queue.get("messages") for queue in queues if queue["name"].endswith(".celeryev")):
-            time.sleep(1)
-            return
-        time.sleep(0.5)
+        return all(not queue.get("messages") for queue in queues if queue["name"].endswith(".celeryev"))
+
+    waiting.eventually(empty, timeout=600, interval=0.5, message="the events queues were not drained")
+    time.sleep(1)
 
 
 def scrape_round(
@@ -339,13 +340,11 @@ def scrapes(
     scrape_round(operator, broker, names, compressed=False, tasks=True, number=args.scrapes + 2)
 
 
-def wait_frozen(operator: OperatorProcess, timeout: float = 600) -> None:
+def wait_frozen(operator: OperatorProcess) -> None:
     """Until the operator froze its settled heap for the collector (it logs it)."""
-    deadline = time.monotonic() + timeout
-    while "frozen for the collector" not in operator.log():
-        if time.monotonic() > deadline:
-            raise RuntimeError("the operator did not freeze its heap")
-        time.sleep(1)
+    waiting.eventually(
+        lambda: "frozen for the collector" in operator.log(), timeout=600, interval=1, message="no heap freeze"
+    )
     time.sleep(2)  # the freeze's own full collection is over
 
 

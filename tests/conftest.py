@@ -73,19 +73,23 @@ def billing_sample() -> dict[str, Any]:
     return sample
 
 
-def create_broker_secret(api: EmulatedApi, url: str, namespace: str = "default", name: str = "rabbitmq") -> None:
+def create_broker_secret(
+    api: EmulatedApi, url: str, namespace: str = "default", name: str = "rabbitmq", **more: str
+) -> None:
+    """The broker Secret a service names: its `url`, and `more` keys (e.g. managementURL)."""
     api.client.create(
         f"/api/v1/namespaces/{namespace}/secrets",
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"url": url}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"url": url, **more}},
     )
 
 
 @pytest.fixture
-def private_rabbit() -> Iterator[PrivateRabbit]:
-    """A RabbitMQ node of this test's own, to stop and start (the shared broker is never stopped)."""
+def private_rabbit(request: pytest.FixtureRequest) -> Iterator[PrivateRabbit]:
+    """A RabbitMQ node of this test's own, to stop and start (the shared broker is never stopped); indirect
+    parameters are PrivateRabbit's options (e.g. {"management": True})."""
     # Not under pytest's tmp_path: the rabbitmq user must be able to reach the directory.
     base = pathlib.Path(tempfile.mkdtemp(prefix="ceo-rabbit-"))
-    rabbit = PrivateRabbit(base)
+    rabbit = PrivateRabbit(base, **getattr(request, "param", {}))
     try:
         yield rabbit.start()
     finally:

@@ -23,7 +23,7 @@ from tests.conftest import create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
 from tests.support import rabbitmq
 from tests.support.fault_proxy import FaultProxy
-from tests.support.kube import ApiError, EmulatedApi, eventually
+from tests.support.kube import EmulatedApi, eventually, gone
 from tests.support.operator_process import OperatorProcess, admission_review
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -75,14 +75,6 @@ def healed(api: EmulatedApi, name: str, queue_length: int) -> bool:
         and status.get("observedGeneration") == body["metadata"]["generation"]
         and status.get("queueLength") == queue_length
     )
-
-
-def gone(api: EmulatedApi, name: str) -> bool:
-    try:
-        api.client.get(f"{CES}/{name}")
-    except ApiError as exc:
-        return exc.status == 404
-    return False
 
 
 def consumers(management: rabbitmq.Management, vhost: str) -> dict[str, set[str]]:
@@ -219,7 +211,7 @@ def test_an_api_server_having_a_bad_minute(
             faults_ended = time.monotonic()
             expected = {name: count for name, count in expected.items() if name != "s9"} | {"s10": 0}
             eventually(
-                lambda: all(healed(kube_api, n, c) for n, c in expected.items()) and gone(kube_api, "s9"),
+                lambda: all(healed(kube_api, n, c) for n, c in expected.items()) and gone(kube_api.client, f"{CES}/s9"),
                 timeout=RESYNC_SECONDS + 20,
                 interval=0.5,
                 message="not healed after the faults",

@@ -30,12 +30,12 @@ from celery_event_devcluster import jsonpatch, owner_references
 from celery_event_devcluster.rbac import Identity
 from celery_event_operator.adapters.kubeapi import API_CALLS
 from celery_event_operator.core.api import metadata
-from tests.conftest import REPO, billing_sample
+from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
 from tests.integration.test_chart_variants import NAMESPACE, Pod, of_kind, render, webhook_answer
 from tests.integration.test_chart_variants import webhook_secrets as rendered_secrets
 from tests.support import rabbitmq
-from tests.support.kube import ApiError, EmulatedApi, KubeClient, eventually, install_crds
+from tests.support.kube import EmulatedApi, KubeClient, eventually, gone, install_crds
 from tests.support.operator_process import admission_review
 from tests.support.waiting import stays
 
@@ -81,14 +81,6 @@ def condition(client: KubeClient, path: str, type: str) -> dict[str, Any]:
         (c for c in (client.get(path).get("status") or {}).get("conditions", []) if c["type"] == type), {}
     )
     return found
-
-
-def gone(client: KubeClient, path: str) -> bool:
-    try:
-        client.get(path)
-    except ApiError as exc:
-        return exc.status == 404
-    return False
 
 
 @pytest.fixture
@@ -157,10 +149,7 @@ def exercise(
     services = f"/apis/celeryevents.io/v1alpha1/namespaces/{namespace}/celeryeventservices"
     workload = f"/apis/apps/v1/namespaces/{namespace}/deployments/billing-worker"
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    client.create(
-        f"/api/v1/namespaces/{namespace}/secrets",
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rabbitmq"}, "stringData": {"url": broker_url}},
-    )
+    create_broker_secret(api, broker_url, namespace)
     client.create(
         f"/apis/apps/v1/namespaces/{namespace}/deployments",
         yaml.safe_load((REPO / "examples" / "billing-worker.yaml").read_text()),

@@ -161,6 +161,15 @@ def condition(api: EmulatedApi, type: str, name: str = "billing", namespace: str
     return next((c for c in status.get("conditions", []) if c["type"] == type), {})
 
 
+def gone(client: KubeClient, path: str) -> bool:
+    """Whether the object at `path` is gone (404)."""
+    try:
+        client.get(path)
+    except ApiError as exc:
+        return exc.status == 404
+    return False
+
+
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 

@@ -4,14 +4,12 @@ say so within two status intervals, with one Warning and a metric, and recover w
 from __future__ import annotations
 
 import pathlib
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.conftest import create_broker_secret
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.private_broker import PrivateRabbit
@@ -19,17 +17,6 @@ from tests.support.private_broker import PrivateRabbit
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 INTERVAL = 5
 SERVICES = ("billing", "shipping")
-
-
-@pytest.fixture
-def managed_rabbit() -> Iterator[PrivateRabbit]:
-    base = pathlib.Path(tempfile.mkdtemp(prefix="ceo-rabbit-"))
-    rabbit = PrivateRabbit(base, management=True)
-    try:
-        yield rabbit.start()
-    finally:
-        rabbit.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def service(name: str) -> dict[str, Any]:
@@ -57,19 +44,12 @@ def alarm_series(operator: OperatorProcess) -> dict[str, float]:
     }
 
 
+@pytest.mark.parametrize("private_rabbit", [{"management": True}], indirect=True)
 def test_a_memory_alarm_is_shown_on_the_services_and_cleared(
-    kube_api: EmulatedApi, crd_installed: dict[str, Any], managed_rabbit: PrivateRabbit, tmp_path: pathlib.Path
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], private_rabbit: PrivateRabbit, tmp_path: pathlib.Path
 ) -> None:
-    assert managed_rabbit.management_url is not None
-    kube_api.client.create(
-        "/api/v1/namespaces/default/secrets",
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "rabbitmq"},
-            "stringData": {"url": managed_rabbit.url, "managementURL": managed_rabbit.management_url},
-        },
-    )
+    assert private_rabbit.management_url is not None
+    create_broker_secret(kube_api, private_rabbit.url, managementURL=private_rabbit.management_url)
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=30).start()
     try:
         for name in SERVICES:
@@ -77,7 +57,7 @@ def test_a_memory_alarm_is_shown_on_the_services_and_cleared(
         eventually(lambda: all(ready(kube_api, n).get("status") == "True" for n in SERVICES), timeout=30)
         eventually(lambda: alarm_series(operator) == dict.fromkeys(SERVICES, 0.0), timeout=2 * INTERVAL)
 
-        managed_rabbit.set_memory_watermark(0.000001)
+        private_rabbit.set_memory_watermark(0.000001)
         raised = time.monotonic()
         eventually(
             lambda: all(ready(kube_api, n).get("reason") == "BrokerAlarm" for n in SERVICES),
@@ -93,7 +73,7 @@ def test_a_memory_alarm_is_shown_on_the_services_and_cleared(
             assert "cannot publish retries, archives or events" in reachable["message"]
         assert alarm_series(operator) == dict.fromkeys(SERVICES, 1.0)
 
-        managed_rabbit.set_memory_watermark(0.4)
+        private_rabbit.set_memory_watermark(0.4)
         cleared = time.monotonic()
         eventually(
             lambda: all(ready(kube_api, n).get("status") == "True" for n in SERVICES),
