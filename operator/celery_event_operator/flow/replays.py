@@ -47,11 +47,12 @@ PostEvents = Callable[[tuple[EventNote, ...]], None]
 
 
 class ServiceReads:
-    """The services replays name, read through the API and shared for a few seconds (only those of live replays
-    are kept: a read older than SERVICE_READ_SECONDS is dropped at the next read)."""
+    """The services replays name, read through the API and shared for a few seconds: the replays that ask while a
+    read is under way wait for that read (only those of live replays are kept: a read older than
+    SERVICE_READ_SECONDS is dropped at the next read)."""
 
     def __init__(self) -> None:
-        self._read: dict[Key, tuple[float, dict[str, Any] | KubeError]] = {}
+        self._read: dict[Key, tuple[float, asyncio.Task[dict[str, Any]]]] = {}
 
     async def read(self, context: Context, key: Key) -> dict[str, Any]:
         """The service's body; NotFoundError or KubeError otherwise."""
@@ -59,14 +60,9 @@ class ServiceReads:
         found = self._read.get(key)
         if found is None or now - found[0] > SERVICE_READ_SECONDS:
             self._read = {k: v for k, v in self._read.items() if now - v[0] <= SERVICE_READ_SECONDS}
-            try:
-                result: dict[str, Any] | KubeError = await context.kube.read(context.kube.api.read_service, *key)
-            except KubeError as exc:
-                result = exc
-            found = self._read[key] = (time.monotonic(), result)
-        if isinstance(found[1], KubeError):
-            raise found[1]
-        return found[1]
+            reading = asyncio.ensure_future(context.kube.read(context.kube.api.read_service, *key))
+            found = self._read[key] = (now, reading)
+        return await asyncio.shield(found[1])
 
 
 @dataclasses.dataclass
@@ -176,9 +172,7 @@ class ReplayKeeper:
         except KubeError as exc:  # the API's fault (not answering, a missing permission): its own reason
             await self._wait(replay, began, exc.reason, str(exc))
             return None
-        ready: Mapping[str, Any] = next(
-            (c for c in (service.get("status") or {}).get("conditions") or [] if c.get("type") == conditions.READY), {}
-        )
+        ready = conditions.find_written(service.get("status"), conditions.READY)
         try:
             validated = specs.validate(service)
         except InvalidSpecError:

@@ -7,7 +7,8 @@ tells how long something has been broken, not when the operator last looked.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from celery_event_operator.core.api.models import Condition, ConditionStatus
 
@@ -58,3 +59,9 @@ def _condition(
 
 def find(conditions: Iterable[Condition], type: str) -> Condition | None:
     return next((condition for condition in conditions if condition.type == type), None)
+
+
+def find_written(status: Mapping[str, Any] | None, type: str) -> Mapping[str, Any]:
+    """One condition of a status as the API holds it (a body's, not the typed model's); {} when there is none."""
+    found = (status or {}).get("conditions") or []
+    return next((c for c in found if isinstance(c, Mapping) and c.get("type") == type), {})

@@ -161,8 +161,7 @@ def started(status: Mapping[str, Any]) -> Started | None:
 
 
 def succeeded(status: Mapping[str, Any]) -> Mapping[str, Any]:
-    found = status.get("conditions") or []
-    return next((c for c in found if isinstance(c, Mapping) and c.get("type") == SUCCEEDED), {})
+    return conditions.find_written(status, SUCCEEDED)
 
 
 def finished(status: Mapping[str, Any] | None) -> bool:
