@@ -44,7 +44,6 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="do not run examples/app/billing_app.py locally with a trickle of events",
     )
     cli.add_operator_options(dev, "127.0.0.1")
-    dev.add_argument("--verbose", "-v", action="store_true", help="debug logging (kopf's --verbose)")
     dev.set_defaults(handler=_run)
 
 

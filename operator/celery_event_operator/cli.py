@@ -90,7 +90,8 @@ def _priority(given: int | None) -> int:
 
 
 def add_operator_options(parser: argparse.ArgumentParser, default_addr: str) -> None:
-    """The metrics and webhook flags of a command that runs the operator."""
+    """The metrics and webhook flags of a command that runs the operator, and its logging."""
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging (kopf's --verbose)")
     parser.add_argument("--metrics-port", type=int, default=9808, help="port of /metrics (0: none)")
     parser.add_argument("--metrics-addr", default=default_addr, help="address /metrics listens on")
     parser.add_argument(
@@ -171,7 +172,7 @@ def _service_and_broker(args: argparse.Namespace, name: str) -> tuple[str, Any, 
         )
         return validated.service_name, spec, ControlConnection(address)
     settings = read_settings(kube, args.namespace, spec)
-    tls = TlsFiles(settings.tls) if settings.tls.ca or settings.tls.cert else None
+    tls = TlsFiles.of(settings.tls)
     return validated.service_name, spec, ControlConnection(settings.address, tls)
 
 
@@ -418,7 +419,6 @@ def _add_run_command(commands: Any) -> None:
         help="this replica's priority in --peering (default: random, so that no two replicas tie)",
     )
     add_operator_options(run, "0.0.0.0")
-    run.add_argument("--verbose", "-v", action="store_true", help="debug logging (kopf's --verbose)")
     run.set_defaults(handler=_cmd_run)
 
 

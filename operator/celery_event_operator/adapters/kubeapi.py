@@ -31,13 +31,14 @@ from celery_event_operator.core.errors import (
 # (API group, resource, verb) of every call the operator process makes (kopf's included). The chart's rules
 # grant exactly these (tests/unit/chart/test_chart.py), and every request of the running operator under the
 # chart's RBAC must be one of them (tests/integration/test_chart_rbac.py): a new call needs both an entry here
-# and a rule in charts/celery-event-operator/templates/rbac.yaml. (`read_service`, `create_replay` and
-# `read_replay` serve the command line, which runs with its user's credentials.)
+# and a rule in charts/celery-event-operator/templates/rbac.yaml. (`create_replay` and `read_replay` serve the
+# command line, which runs with its user's credentials; `read_service` serves both.)
 API_CALLS = (
     # kopf: watching and patching the resources (annotations, finalizers), their status, Events.
     ("celeryevents.io", "celeryeventservices", "list"),
     ("celeryevents.io", "celeryeventservices", "watch"),
     ("celeryevents.io", "celeryeventservices", "patch"),
+    # (and the operator's own status writes: the counters and replica fields, between kopf's patches)
     ("celeryevents.io", "celeryeventservices/status", "patch"),
     ("", "events", "create"),
     # this module: the broker URL of each service.
@@ -74,8 +75,6 @@ API_CALLS = (
     ("apps", "deployments/scale", "patch"),
     ("apps", "statefulsets/scale", "get"),
     ("apps", "statefulsets/scale", "patch"),
-    # the counters and replica fields in status, written between kopf's patches
-    ("celeryevents.io", "celeryeventservices/status", "patch"),
     # replays: kopf watches them (and keeps its finalizer on a running one); the operator writes their status
     # and reads the service each names, which must be Ready
     ("celeryevents.io", "celeryeventreplays", "list"),
@@ -115,6 +114,11 @@ def _retry_after(exc: ApiException) -> float | None:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None
+
+
+def _needs(verb: str, resource: str, namespace: str) -> str:
+    """The permission a call needs, as a 403 names it: "`get` on secrets in namespace shop"."""
+    return f"`{verb}` on {resource} in namespace {namespace}"
 
 
 @contextlib.contextmanager
@@ -158,16 +162,14 @@ class KubeApi:
         configmap = _unless_absent(
             lambda: self._core.read_namespaced_config_map(name, namespace, _request_timeout=10),
             f"cannot read ConfigMap {namespace}/{name}",
-            f"`get` on configmaps in namespace {namespace}",
+            _needs("get", "configmaps", namespace),
         )
         return None if configmap is None else dict(configmap.data or {})
 
     def write_configmap(self, namespace: str, body: dict[str, Any], *, exists: bool) -> None:
         name = body["metadata"]["name"]
         verb = "patch" if exists else "create"
-        with _reported(
-            f"cannot write ConfigMap {namespace}/{name}", f"`{verb}` on configmaps in namespace {namespace}"
-        ):
+        with _reported(f"cannot write ConfigMap {namespace}/{name}", _needs(verb, "configmaps", namespace)):
             if exists:
                 self._core.patch_namespaced_config_map(name, namespace, {"data": body["data"]}, _request_timeout=10)
             else:
@@ -181,7 +183,7 @@ class KubeApi:
                 "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10
             ),
             f"{kind} {namespace}/{name}",
-            f"`get` on {WORKLOAD_PLURALS[kind]}.apps in namespace {namespace}",
+            _needs("get", f"{WORKLOAD_PLURALS[kind]}.apps", namespace),
         )
         if workload is None:
             return None
@@ -190,7 +192,7 @@ class KubeApi:
 
     def annotate_template(self, namespace: str, kind: str, name: str, annotations: dict[str, str]) -> None:
         patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
-        needs = f"`patch` on {WORKLOAD_PLURALS[kind]}.apps in namespace {namespace}"
+        needs = _needs("patch", f"{WORKLOAD_PLURALS[kind]}.apps", namespace)
         with _reported(f"cannot patch {kind} {namespace}/{name}", needs):
             self._custom.patch_namespaced_custom_object(
                 "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, patch, _request_timeout=10
@@ -203,14 +205,14 @@ class KubeApi:
                 name, namespace, {"metadata": {"annotations": annotations}}, _request_timeout=10
             ),
             f"cannot annotate pod {namespace}/{name}",
-            f"`patch` on pods in namespace {namespace}",
+            _needs("patch", "pods", namespace),
         )
 
     def evict_pod(self, namespace: str, name: str) -> bool:
         """Evict through the Eviction API: True when evicted (or already gone), False when a
         PodDisruptionBudget refuses it now (HTTP 429)."""
         body: Any = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
-        needs = f"`create` on pods/eviction in namespace {namespace}"
+        needs = _needs("create", "pods/eviction", namespace)
         try:
             with _reported(f"cannot evict pod {namespace}/{name}", needs):
                 try:
@@ -230,7 +232,7 @@ class KubeApi:
                 "apps", "v1", namespace, WORKLOAD_PLURALS[kind], name, _request_timeout=10
             ),
             f"the scale of {kind} {namespace}/{name}",
-            f"`get` on {WORKLOAD_PLURALS[kind]}/scale.apps in namespace {namespace}",
+            _needs("get", f"{WORKLOAD_PLURALS[kind]}/scale.apps", namespace),
         )
         if scale is None:
             return None
@@ -238,7 +240,7 @@ class KubeApi:
         return desired, int((scale.get("status") or {}).get("replicas") or 0)
 
     def set_scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
-        needs = f"`patch` on {WORKLOAD_PLURALS[kind]}/scale.apps in namespace {namespace}"
+        needs = _needs("patch", f"{WORKLOAD_PLURALS[kind]}/scale.apps", namespace)
         with _reported(f"cannot scale {kind} {namespace}/{name}", needs):
             self._custom.patch_namespaced_custom_object_scale(
                 "apps",
@@ -257,7 +259,7 @@ class KubeApi:
                 GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=10
             ),
             f"cannot patch the status of {namespace}/{name}",
-            f"`patch` on {PLURAL}/status.{GROUP} in namespace {namespace}",
+            _needs("patch", f"{PLURAL}/status.{GROUP}", namespace),
         )
 
     def patch_replay_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
@@ -267,12 +269,12 @@ class KubeApi:
                 GROUP, VERSION, namespace, REPLAY_PLURAL, name, {"status": status}, _request_timeout=10
             ),
             f"cannot patch the status of replay {namespace}/{name}",
-            f"`patch` on {REPLAY_PLURAL}/status.{GROUP} in namespace {namespace}",
+            _needs("patch", f"{REPLAY_PLURAL}/status.{GROUP}", namespace),
         )
 
     def create_replay(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         with _reported(
-            f"cannot create a CeleryEventReplay in {namespace}", f"`create` on {REPLAY_PLURAL}.{GROUP} in {namespace}"
+            f"cannot create a CeleryEventReplay in {namespace}", _needs("create", f"{REPLAY_PLURAL}.{GROUP}", namespace)
         ):
             created = self._custom.create_namespaced_custom_object(
                 GROUP, VERSION, namespace, REPLAY_PLURAL, body, _request_timeout=10
@@ -287,7 +289,7 @@ class KubeApi:
                 GROUP, VERSION, namespace, REPLAY_PLURAL, name, _request_timeout=10
             ),
             f"CeleryEventReplay {namespace}/{name}",
-            f"`get` on {REPLAY_PLURAL}.{GROUP} in namespace {namespace}",
+            _needs("get", f"{REPLAY_PLURAL}.{GROUP}", namespace),
         )
         if found is None:
             raise NotFoundError(f"CeleryEventReplay {namespace}/{name} was deleted")
@@ -297,27 +299,29 @@ class KubeApi:
         """The kopf peering object the replicas meet in: a ClusterKopfPeering, or a KopfPeering in `namespace`."""
         plural, kind = ("kopfpeerings", "KopfPeering") if namespace else ("clusterkopfpeerings", "ClusterKopfPeering")
         body = {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": {"name": name}}
-        try:
-            if namespace:
-                self._custom.create_namespaced_custom_object(
-                    "kopf.dev", "v1", namespace, plural, body, _request_timeout=10
-                )
-            else:
-                self._custom.create_cluster_custom_object("kopf.dev", "v1", plural, body, _request_timeout=10)
-        except ApiException as exc:
-            if exc.status != 409:  # 409: it exists (another replica made it)
-                raise KubeError(f"cannot create the {kind} {name}: HTTP {exc.status} {exc.reason}") from None
+        needs = _needs("create", f"{plural}.kopf.dev", namespace) if namespace else f"`create` on {plural}.kopf.dev"
+        with _reported(f"cannot create the {kind} {name}", needs):
+            try:
+                if namespace:
+                    self._custom.create_namespaced_custom_object(
+                        "kopf.dev", "v1", namespace, plural, body, _request_timeout=10
+                    )
+                else:
+                    self._custom.create_cluster_custom_object("kopf.dev", "v1", plural, body, _request_timeout=10)
+            except ApiException as exc:
+                if exc.status != 409:  # 409: it exists (another replica made it)
+                    raise
 
     def list_services(self, namespace: str) -> list[dict[str, Any]]:
         """Every CeleryEventService of a namespace (the webhook's short deadline: a short timeout)."""
-        needs = f"`list` on {PLURAL}.{GROUP} in namespace {namespace}"
+        needs = _needs("list", f"{PLURAL}.{GROUP}", namespace)
         with _reported(f"cannot list the CeleryEventServices of {namespace}", needs):
             listed = self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _request_timeout=3)
         items: list[dict[str, Any]] = listed.get("items") or [] if isinstance(listed, dict) else []
         return items
 
     def read_service(self, namespace: str, name: str) -> dict[str, Any]:
-        with _reported(f"CeleryEventService {namespace}/{name}", f"`get` on {PLURAL}.{GROUP} in namespace {namespace}"):
+        with _reported(f"CeleryEventService {namespace}/{name}", _needs("get", f"{PLURAL}.{GROUP}", namespace)):
             body = self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, _request_timeout=10
             )
@@ -344,11 +348,13 @@ class KubeApi:
     def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
         """The Secret's keys whose values are UTF-8 text (others are left out); never log the result."""
         # Absent: the user's to fix (BrokerSecretInvalid); no answer, or no permission: the API's or the operator's.
-        try:
-            with _reported(f"cannot read Secret {namespace}/{name}", f"`get` on secrets in namespace {namespace}"):
-                secret = self._core.read_namespaced_secret(name, namespace, _request_timeout=10)
-        except NotFoundError:
-            raise BrokerSecretError(f"Secret {namespace}/{name} does not exist") from None
+        secret = _unless_absent(
+            lambda: self._core.read_namespaced_secret(name, namespace, _request_timeout=10),
+            f"cannot read Secret {namespace}/{name}",
+            _needs("get", "secrets", namespace),
+        )
+        if secret is None:
+            raise BrokerSecretError(f"Secret {namespace}/{name} does not exist")
         data: dict[str, str] = {}
         for key, encoded in (secret.data or {}).items():
             with contextlib.suppress(ValueError, UnicodeDecodeError, TypeError):
@@ -362,7 +368,7 @@ class KubeApi:
                 GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"annotations": annotations}}, _request_timeout=10
             ),
             f"cannot annotate {namespace}/{name}",
-            f"`patch` on {PLURAL}.{GROUP} in namespace {namespace}",
+            _needs("patch", f"{PLURAL}.{GROUP}", namespace),
         )
 
 

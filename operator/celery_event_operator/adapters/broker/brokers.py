@@ -40,7 +40,7 @@ class Broker:
         self.settings = settings
         self.key = settings.key
         material = settings.tls
-        self._tls = TlsFiles(material) if material.ca or material.cert else None
+        self._tls = TlsFiles.of(material)
         self.control = ControlConnection(settings.address, self._tls)
         self.events = EventsConnection(settings.address, self._tls, logger)
         self.listing = QueueListing(settings.address, settings.management_url, self._tls)

@@ -24,7 +24,6 @@ class TlsFiles:
     def __init__(self, material: TlsMaterial) -> None:
         if (material.cert is None) != (material.key is None):
             raise BrokerSecretError(f"the broker Secret has {CERT_KEY} or {PRIVATE_KEY_KEY} without the other")
-        self.material = material
         self._directory = pathlib.Path(tempfile.mkdtemp(prefix="celery-event-operator-tls-"))  # mode 0700
         self.ca_file = self._write(CA_KEY, material.ca)
         self.cert_file = self._write(CERT_KEY, material.cert)
@@ -37,6 +36,11 @@ class TlsFiles:
                 f"the broker Secret's TLS material ({CA_KEY}/{CERT_KEY}/{PRIVATE_KEY_KEY}) cannot be loaded: "
                 f"{type(exc).__name__}"
             ) from None
+
+    @classmethod
+    def of(cls, material: TlsMaterial) -> TlsFiles | None:
+        """The files of a Secret's TLS material; None when it holds none (the system's CAs, no client certificate)."""
+        return cls(material) if material.ca or material.cert else None
 
     def _write(self, name: str, content: str | None) -> str | None:
         if content is None:

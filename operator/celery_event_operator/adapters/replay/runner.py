@@ -32,7 +32,7 @@ HEARTBEAT_SECONDS = 30.0
 class ReplayRunner:
     def __init__(self, settings: BrokerSettings) -> None:
         material = settings.tls
-        self._tls = TlsFiles(material) if material.ca or material.cert else None
+        self._tls = TlsFiles.of(material)
         self._control = ControlConnection(settings.address, self._tls, heartbeat=HEARTBEAT_SECONDS)
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display

@@ -24,7 +24,6 @@ from celery_event_operator.core.topology.plan import Topology
 
 _ARGUMENT_IN_ERROR = re.compile(r"inequivalent arg '([^']+)'")
 PRECONDITION_FAILED = 406
-NOT_FOUND = 404
 
 
 class _Channel:
