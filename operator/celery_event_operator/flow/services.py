@@ -51,7 +51,7 @@ from celery_event_operator.core.service.observations import (
     QueuesSeen,
     ScalingSeen,
 )
-from celery_event_operator.core.service.pods import PodsOf
+from celery_event_operator.core.service.pods import PodsOf, WorkerPod
 from celery_event_operator.core.topology.outcome import DeclareOutcome
 from celery_event_operator.flow import steps
 from celery_event_operator.flow.ports import KeeperContext, ServiceBroker
@@ -139,7 +139,7 @@ class ServiceKeeper:
         await self._follow_events(found, broker)
         queues = scaling = None
         if self._refreshed_at is None and broker is not None:  # the first time, counters come with the conditions
-            queues, scaling = await self._count(found, broker, pods)
+            queues, scaling = await self._count(found, broker, pods, pods(found.service))
         alarms = await self._alarms(found, broker)
         seen = Observations(
             generation,
@@ -165,16 +165,17 @@ class ServiceKeeper:
             broker = self._broker
             if isinstance(found, InvalidSpecError) or broker is None or self._deleting:
                 return  # the reconcile reports why
-            queues, scaling = await self._count(found, broker, pods)
+            live = pods(found.service)  # one look at the index for the whole pass
+            queues, scaling = await self._count(found, broker, pods, live)
             alarms = await self._alarms(found, broker)
-            lifecycle = await self._lifecycle(found, broker, pods, queues, alarms)
+            lifecycle = await self._lifecycle(found, broker, live, queues, alarms)
             seen = Observations(
                 specs.generation_of(body),
                 found.spec,
                 queues=queues,
                 scaling=scaling,
                 lifecycle=lifecycle,
-                evicted=await self._heal(found, pods, lifecycle),
+                evicted=await self._heal(found, live, lifecycle),
                 monitoring=self._monitoring(found, broker),
                 overflowing=self._overflowing(found),
                 alarms=alarms,
@@ -391,7 +392,7 @@ class ServiceKeeper:
         self,
         understood: specs.Understood,
         broker: ServiceBroker,
-        pods: PodsOf,
+        live: list[WorkerPod],
         queues: QueuesSeen,
         alarms: tuple[Alarm, ...] | None,
     ) -> LifecycleSeen | None:
@@ -403,7 +404,7 @@ class ServiceKeeper:
             broker,
             self.namespace,
             understood,
-            pods=pods(understood.service),
+            pods=live,
             metrics=metrics,
             memory=self._lifecycle_memory,
             queues=queues,
@@ -418,7 +419,7 @@ class ServiceKeeper:
         return seen
 
     async def _heal(
-        self, understood: specs.Understood, pods: PodsOf, lifecycle: LifecycleSeen | None
+        self, understood: specs.Understood, live: list[WorkerPod], lifecycle: LifecycleSeen | None
     ) -> Evicted | None:
         """Evict the next stuck worker, or pod without the current settings, when one is due."""
         heal_after, workers = self._heal_after(understood), understood.spec.workers
@@ -432,7 +433,7 @@ class ServiceKeeper:
             self.context.cluster,
             self.namespace,
             self._healing,
-            pods(understood.service),
+            live,
             self._workers[2].config_hash if heal_after is not None and self._workers is not None else None,
             stuck=stuck,
             heal_old=workers.rollout_on_change,
@@ -442,11 +443,10 @@ class ServiceKeeper:
         )
 
     async def _count(
-        self, understood: specs.Understood, broker: ServiceBroker, pods: PodsOf
+        self, understood: specs.Understood, broker: ServiceBroker, pods: PodsOf, live: list[WorkerPod]
     ) -> tuple[QueuesSeen, ScalingSeen]:
         """The queue depths and the workers' replicas (scaled when wished); recorded into the service's metrics."""
         spec = understood.spec
-        live = pods(understood.service)
         queues = await steps.queues(broker, understood.topology, spec.status_interval_seconds / 2)
         scaling = await steps.scale_workers(
             self.context.cluster,

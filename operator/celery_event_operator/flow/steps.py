@@ -196,9 +196,8 @@ async def keep_lifecycle(
         written = await _keep_deletion_costs(
             cluster, namespace, pods=pods, metrics=metrics, memory=memory, now=now, logger=logger
         )
-    candidates = [
-        pod.name for pod in pods if pod.running and config_hash is not None and pod.config_hash in (config_hash, None)
-    ]
+    current = (config_hash, None)  # a pod admitted without settings (no hash) is judged too
+    candidates = [pod for pod in pods if pod.running and config_hash is not None and pod.config_hash in current]
     unchecked = None
     if not spec.monitoring.enabled or metrics is None:
         unchecked = "monitoring is off: the workers' heartbeats are not consumed"
@@ -210,38 +209,26 @@ async def keep_lifecycle(
         unchecked = "the service's Celery events are not consumed (see MonitoringReady)"
     elif alarms:
         unchecked = "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
-    if unchecked is not None or metrics is None or queues.depths is None:
-        judge(
-            memory.stuck,
-            candidates,
-            last_heard={},
-            consuming=None,
-            waiting=0,
-            heartbeats_known=False,
-            now=now,
-            threshold=0,
-        )
-        return LifecycleSeen(len(candidates), unchecked=unchecked, costs_written=written)
-    try:
-        listed = await broker.consumers(spec.status_interval_seconds / 2)
-        handler_queues = frozenset(q.name for q in understood.topology.queues if q.role == "events")
-        candidate_pods = [pod for pod in pods if pod.name in candidates]
-        consuming: dict[str, bool | None] | None = consumers.consuming(
-            listed, handler_queues, candidate_pods, namespace
-        )
-    except ManagementUnavailableError:
-        consuming = None  # heartbeats are still judged
+    consuming: dict[str, bool | None] | None = None
+    if unchecked is None:
+        try:
+            listed = await broker.consumers(spec.status_interval_seconds / 2)
+            handler_queues = frozenset(q.name for q in understood.topology.queues if q.role == "events")
+            consuming = consumers.consuming(listed, handler_queues, candidates, namespace)
+        except ManagementUnavailableError:
+            pass  # heartbeats are still judged
+    # Judged unchecked too: what is unknown now resets what was being counted (silence counts afresh after it).
     judged = judge(
         memory.stuck,
-        candidates,
-        last_heard=metrics.last_heard,
+        [pod.name for pod in candidates],
+        last_heard=metrics.last_heard if metrics is not None else {},
         consuming=consuming,
-        waiting=counters(queues.depths)["queueLength"],
-        heartbeats_known=True,
+        waiting=counters(queues.depths)["queueLength"] if queues.depths is not None else 0,
+        heartbeats_known=unchecked is None,
         now=now,
         threshold=workers.stuck_after_seconds,
     )
-    return LifecycleSeen(len(candidates), judged.stuck, unchecked=judged.unchecked, costs_written=written)
+    return LifecycleSeen(len(candidates), judged.stuck, unchecked=unchecked or judged.unchecked, costs_written=written)
 
 
 async def _keep_deletion_costs(
