@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, TypeGuard
+from typing import Any, Generic, TypeGuard, TypeVar, overload
 
 from celery_event_operator.core.monitoring import bounds
 from celery_event_operator.core.monitoring.bounds import (
@@ -160,7 +160,42 @@ class Histogram:
         self.sums.clear()
 
 
+V = TypeVar("V")
+
+
+class _Exported(Generic[V]):
+    """A value of the service's metrics set off the event path (by the keeper or the events connection): a change
+    counts in `changes`, the renderer's cue to render the service's block again."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attribute = f"_{name}"
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> _Exported[V]: ...
+    @overload
+    def __get__(self, instance: ServiceMetrics, owner: type) -> V: ...
+    def __get__(self, instance: ServiceMetrics | None, owner: type) -> _Exported[V] | V:
+        if instance is None:
+            return self
+        found: V = getattr(instance, self._attribute)
+        return found
+
+    def __set__(self, instance: ServiceMetrics, value: V) -> None:
+        if value != getattr(instance, self._attribute):
+            setattr(instance, self._attribute, value)
+            instance.changes += 1
+
+
 class ServiceMetrics:
+    # Set off the event path; each change counts in `changes`.
+    queue_length: _Exported[dict[tuple[str, str], int]] = _Exported()  # (queue, role) → messages
+    queue_consumers: _Exported[dict[str, int]] = _Exported()
+    replicas: _Exported[int | None] = _Exported()  # the workers' pods running (None: unknown)
+    desired_replicas: _Exported[int | None] = _Exported()
+    stuck_workers: _Exported[int | None] = _Exported()  # None: not judged
+    broker_alarms: _Exported[int | None] = _Exported()  # resource alarms of the service's broker; None: not seen
+    consumer_connected: _Exported[bool] = _Exported()  # set by the events connection: is its consumer live?
+
     def __init__(
         self,
         namespace: str,
@@ -246,77 +281,6 @@ class ServiceMetrics:
             self._handler_queue_names = frozenset(queues.values())
             self.changes += 1
 
-    @property
-    def queue_length(self) -> dict[tuple[str, str], int]:
-        return self._queue_length
-
-    @queue_length.setter
-    def queue_length(self, value: dict[tuple[str, str], int]) -> None:
-        if value != self._queue_length:
-            self._queue_length = value
-            self.changes += 1
-
-    @property
-    def queue_consumers(self) -> dict[str, int]:
-        return self._queue_consumers
-
-    @queue_consumers.setter
-    def queue_consumers(self, value: dict[str, int]) -> None:
-        if value != self._queue_consumers:
-            self._queue_consumers = value
-            self.changes += 1
-
-    @property
-    def replicas(self) -> int | None:
-        return self._replicas
-
-    @replicas.setter
-    def replicas(self, value: int | None) -> None:
-        if value != self._replicas:
-            self._replicas = value
-            self.changes += 1
-
-    @property
-    def desired_replicas(self) -> int | None:
-        return self._desired_replicas
-
-    @desired_replicas.setter
-    def desired_replicas(self, value: int | None) -> None:
-        if value != self._desired_replicas:
-            self._desired_replicas = value
-            self.changes += 1
-
-    @property
-    def stuck_workers(self) -> int | None:
-        return self._stuck_workers
-
-    @stuck_workers.setter
-    def stuck_workers(self, value: int | None) -> None:
-        if value != self._stuck_workers:
-            self._stuck_workers = value
-            self.changes += 1
-
-    @property
-    def broker_alarms(self) -> int | None:
-        return self._broker_alarms
-
-    @broker_alarms.setter
-    def broker_alarms(self, value: int | None) -> None:
-        if value != self._broker_alarms:
-            self._broker_alarms = value
-            self.changes += 1
-
-    @property
-    def consumer_connected(self) -> bool:
-        """Set by the events connection: is this service's consumer live?"""
-        return self._consumer_connected
-
-    @consumer_connected.setter
-    def consumer_connected(self, value: bool) -> None:
-        if value != self._consumer_connected:
-            self._consumer_connected = value
-            self.changes += 1
-
     # --- the hot path -----------------------------------------------------------------------
 
     def ingest_message(self, body: bytes | str, now: float) -> None:
@@ -372,7 +336,7 @@ class ServiceMetrics:
             if name is not None and not (type(name) is str and 0 < len(name) <= MAX_LABEL_CHARS):
                 return False
             self.events_consumed += 1
-            self._task_event(kind[5:], event, hostname, now)
+            self._task_event(kind[5:], event, hostname, uuid, name, now=now)
         elif kind.startswith("worker-"):
             self.events_consumed += 1
             self._worker_event(kind[7:], event, worker_of(hostname), now)
@@ -381,7 +345,9 @@ class ServiceMetrics:
             self.dropped += 1
         return True
 
-    def _task_event(self, kind: str, event: dict[str, Any], hostname: str, now: float) -> None:
+    def _task_event(
+        self, kind: str, event: dict[str, Any], hostname: str, uuid: str | None, name: str | None, *, now: float
+    ) -> None:
         if kind not in TASK_EVENT_KINDS:
             self.dropped += 1
             return
@@ -391,19 +357,18 @@ class ServiceMetrics:
             worker = GENERIC_WORKER if per_pod else SERVICE_WIDE
         else:
             worker = worker_of(hostname)
-            if self._tombstoned(worker, now):
+            tombstoned = self._tombstoned(worker, now)
+            if tombstoned:
                 if per_pod:
                     return  # a late event of a deleted pod: its series stay gone
             elif worker in self.last_heard:
                 self.last_heard[worker] = now
             elif not self._admit_worker(worker, now):
                 worker = OVERFLOW
-            if worker != OVERFLOW and worker not in self._tombstones:
-                self._track_running(kind, event.get("uuid"), worker, now)
+            if worker != OVERFLOW and not tombstoned:
+                self._track_running(kind, uuid, worker, now)
             if not per_pod:
                 worker = SERVICE_WIDE
-        uuid = event.get("uuid")
-        name = event.get("name")
         tasks = self._tasks
         known = tasks.get(uuid) if uuid else None
         if known is not None and (not name or name == known[0]):
