@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_event_operator.adapters.replay.runner import ReplayRunner
@@ -34,7 +34,7 @@ from celery_event_operator.core.errors import (
 from celery_event_operator.core.replay import plan
 from celery_event_operator.core.replay.slots import Key, ReplaySlots
 from celery_event_operator.core.service import spec as specs
-from celery_event_operator.core.service.conclusion import EventNote
+from celery_event_operator.core.service.conclusion import EventNote, PostEvents
 from celery_event_operator.flow.context import Context
 
 # How often a waiting replay looks again (jittered), and how often a running one writes its counters.
@@ -42,8 +42,6 @@ WAIT_SECONDS = 5.0
 STATUS_SECONDS = 2.0
 # A service read serves every replay of it for this long: a thousand replays waiting cost one read per service.
 SERVICE_READ_SECONDS = 4.0
-
-PostEvents = Callable[[tuple[EventNote, ...]], None]
 
 
 class ServiceReads:

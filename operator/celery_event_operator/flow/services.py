@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from celery_event_operator.adapters.broker.events_connection import Subscription
@@ -37,7 +37,7 @@ from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import (
     Announced,
     Conclusion,
-    EventNote,
+    PostEvents,
     conclude,
     conclude_deletion,
     patch_of,
@@ -70,8 +70,6 @@ SWEEP_SECONDS = 30.0
 DEFAULT_STATUS = CeleryEventServiceSpec.model_fields["status_interval_seconds"].default
 # A reconcile that met the Kubernetes API not answering is made again this soon (at most every resync).
 API_RETRY_SECONDS = 5.0
-
-PostEvents = Callable[[tuple[EventNote, ...]], None]
 
 
 def _now() -> datetime.datetime:

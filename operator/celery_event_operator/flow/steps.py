@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from celery_event_operator.adapters.broker.events_connection import Subscription
+from celery_event_operator.core.api import conditions
 from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.errors import (
@@ -132,7 +133,7 @@ async def scale_workers(
     except KubeError as exc:
         return dataclasses.replace(seen, failed=str(exc))
     memory.scale = wish.replicas
-    at = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    at = conditions.timestamp(datetime.datetime.now(tz=datetime.UTC))
     scaled = Scaled(f"{target.kind}/{target.name}", current, wish.replicas, wish.why, at)
     return dataclasses.replace(seen, workload=wish.replicas, scaled=scaled)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -60,6 +60,10 @@ class EventNote:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+
+
+# How a keeper posts the Events of its conclusions (kopf's, against the resource it keeps).
+PostEvents = Callable[[tuple[EventNote, ...]], None]
 
 
 @dataclasses.dataclass(frozen=True)
