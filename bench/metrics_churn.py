@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 import tempfile
@@ -23,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import amqp
 from kombu.connection import Connection
-from tests.support import bench, rabbitmq
+from tests.support import bench
 from tests.support.operator_process import OperatorProcess
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -61,12 +60,8 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=10)
     parser.add_argument("--tasks-per-pod", type=int, default=30)
     args = parser.parse_args()
-    amqp_url = os.environ.get("AMQP_URL", rabbitmq.DEFAULT_AMQP_URL)
-    management = rabbitmq.Management(amqp_url)
-    vhost = rabbitmq.create_vhost(management, prefix="ceo-bench")
-    url = rabbitmq.url_with_vhost(amqp_url, vhost)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
-    try:
+    with bench.broker_vhost() as (_, _, url):
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
         with bench.emulated_cluster(workdir, url) as api:
             operator = OperatorProcess(api.kubeconfig, workdir / "operator.log").start()
             assert operator.process is not None
@@ -121,8 +116,6 @@ def main() -> int:
                         )
             finally:
                 operator.stop()
-    finally:
-        rabbitmq.delete_vhost(management, vhost)
     return 0
 
 

@@ -34,7 +34,6 @@ import argparse
 import gzip
 import json
 import multiprocessing
-import os
 import pathlib
 import re
 import signal
@@ -405,18 +404,14 @@ def main() -> int:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped from outside: still remove the vhost
 
-    amqp_url = os.environ.get("AMQP_URL", rabbitmq.DEFAULT_AMQP_URL)
-    management = rabbitmq.Management(amqp_url, os.environ.get("RABBITMQ_MANAGEMENT_URL"))
-    vhost = rabbitmq.create_vhost(management, prefix="ceo-bench")
-    url = rabbitmq.url_with_vhost(amqp_url, vhost)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
-    names = [service_name(index) for index in range(args.services)]
-    tasks = [f"tasks.t{number:02d}" for number in range(args.task_names)]
-    print(
-        f"{args.services} services x {args.pods} pods x {args.task_names} task names, and one service of"
-        f" {args.generated_names:,} generated task names; operator log: {workdir / 'operator.log'}"
-    )
-    try:
+    with bench.broker_vhost() as (management, vhost, url):
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
+        names = [service_name(index) for index in range(args.services)]
+        tasks = [f"tasks.t{number:02d}" for number in range(args.task_names)]
+        print(
+            f"{args.services} services x {args.pods} pods x {args.task_names} task names, and one service of"
+            f" {args.generated_names:,} generated task names; operator log: {workdir / 'operator.log'}"
+        )
         with bench.emulated_cluster(workdir, url) as api:
             operator = OperatorProcess(
                 api.kubeconfig, workdir / "operator.log", *args.operator_args.split(), resync_seconds=30, verbose=False
@@ -438,8 +433,6 @@ def main() -> int:
                 print(f"overflow Events: {overflow_events(api)}")
             finally:
                 operator.stop()
-    finally:
-        rabbitmq.delete_vhost(management, vhost)
     return 0
 
 

@@ -369,17 +369,13 @@ def main() -> int:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped from outside: still remove the vhost
 
-    amqp_url = os.environ.get("AMQP_URL", rabbitmq.DEFAULT_AMQP_URL)
-    management = rabbitmq.Management(amqp_url, os.environ.get("RABBITMQ_MANAGEMENT_URL"))
-    vhost = rabbitmq.create_vhost(management, prefix="ceo-bench")
-    url = rabbitmq.url_with_vhost(amqp_url, vhost)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
-    print(
-        f"{args.services} {args.queue_type} services (1 handler, maxRetries 3, monitoring and autoscaling on,"
-        " a Deployment each);"
-        f" operator log: {workdir / 'operator.log'}"
-    )
-    try:
+    with bench.broker_vhost() as (management, vhost, url):
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
+        print(
+            f"{args.services} {args.queue_type} services (1 handler, maxRetries 3, monitoring and autoscaling on,"
+            " a Deployment each);"
+            f" operator log: {workdir / 'operator.log'}"
+        )
         with bench.emulated_cluster(workdir, url) as api:
             for index in range(args.services):
                 api.client.create(DEPLOYMENTS, deployment(index))
@@ -418,8 +414,6 @@ def main() -> int:
                 )
             finally:
                 operator.stop()
-    finally:
-        rabbitmq.delete_vhost(management, vhost)
     return 0
 
 

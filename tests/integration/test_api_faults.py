@@ -23,7 +23,7 @@ from tests.conftest import create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
 from tests.support import rabbitmq
 from tests.support.fault_proxy import FaultProxy
-from tests.support.kube import EmulatedApi, eventually, gone
+from tests.support.kube import EmulatedApi, events, eventually, gone
 from tests.support.operator_process import OperatorProcess, admission_review
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -235,8 +235,7 @@ def test_an_api_server_having_a_bad_minute(
     )
     assert min(proxy.counts[fault] for fault in ("500", "429", "watch cut", "409")) > 0, proxy.counts
     assert "BrokerSecretInvalid" not in operator.log()
-    events = kube_api.client.get("/api/v1/namespaces/default/events")["items"]
-    assert not [e for e in events if e.get("reason") == "BrokerSecretInvalid"]
+    assert not events(kube_api, "BrokerSecretInvalid")
     assert sampler.not_ready == [], "a Ready service flapped"
     assert sampler.without_consumer == [], "an events queue was left without its consumer"
     assert {name: tags_after.get(name) for name in UNTOUCHED} == {name: tags_before[name] for name in UNTOUCHED}

@@ -8,7 +8,20 @@ import pathlib
 from collections.abc import Iterator
 
 from celery_event_operator.core.api import crd
+from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi
+
+
+@contextlib.contextmanager
+def broker_vhost() -> Iterator[tuple[rabbitmq.Management, str, str]]:
+    """A vhost of the benchmark's own on the broker at $AMQP_URL (management, vhost, its URL); removed afterwards."""
+    amqp_url = os.environ.get("AMQP_URL", rabbitmq.DEFAULT_AMQP_URL)
+    management = rabbitmq.Management(amqp_url, os.environ.get("RABBITMQ_MANAGEMENT_URL"))
+    vhost = rabbitmq.create_vhost(management, prefix="ceo-bench")
+    try:
+        yield management, vhost, rabbitmq.url_with_vhost(amqp_url, vhost)
+    finally:
+        rabbitmq.delete_vhost(management, vhost)
 
 
 @contextlib.contextmanager

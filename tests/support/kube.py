@@ -170,6 +170,12 @@ def gone(client: KubeClient, path: str) -> bool:
     return False
 
 
+def events(api: EmulatedApi, reason: str, namespace: str = "default") -> list[dict[str, Any]]:
+    """The Events of a reason. kopf posts Events from a queue of its own: wait for them with `eventually`."""
+    items: list[dict[str, Any]] = api.client.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    return [event for event in items if event.get("reason") == reason]
+
+
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 

@@ -23,7 +23,7 @@ from celery_event_operator.core.api import metadata
 from celery_event_operator.core.lifecycle.stuck import RECONNECT_SECONDS
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_healing import admitted_with_settings
-from tests.support.kube import EmulatedApi, condition, eventually
+from tests.support.kube import EmulatedApi, condition, events, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.private_broker import PrivateRabbit
 from tests.support.waiting import stays
@@ -107,26 +107,16 @@ class Fleet:
 
 
 def events_of(api: EmulatedApi, reason: str) -> list[str]:
-    return [
-        event["message"]
-        for event in api.client.get("/api/v1/namespaces/default/events")["items"]
-        if event.get("reason") == reason
-    ]
+    return [event["message"] for event in events(api, reason)]
 
 
 @pytest.fixture
-def fleet(
-    kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: pathlib.Path, request: pytest.FixtureRequest
-) -> Iterator[Fleet]:
+def fleet(kube_api: EmulatedApi, operator: OperatorProcess, tmp_path: pathlib.Path) -> Iterator[Fleet]:
+    """The real operator (conftest's, stopped after the workers) and the sample's workload, workers to start."""
     kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
-    operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=2).start()
     found = Fleet(kube_api, operator, tmp_path, tmp_path / "handled.jsonl")
     yield found
     found.stop_all()
-    operator.stop()
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        print(f"--- operator log ---\n{operator.log()[-20000:]}")
 
 
 def test_a_pod_running_a_long_task_costs_more_to_delete_than_an_idle_one(fleet: Fleet, test_vhost_url: str) -> None:

@@ -22,7 +22,7 @@ from celery_event_devcluster import jsonpatch
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import worker_pod
 from tests.support import metric_names, rabbitmq
-from tests.support.kube import EmulatedApi, condition, eventually
+from tests.support.kube import EmulatedApi, condition, events, eventually
 from tests.support.operator_process import OperatorProcess, admission_review
 from tests.support.waiting import stays
 from tests.support.workers import Worker, as_kubelet_would
@@ -344,11 +344,7 @@ def test_a_flood_of_task_names_is_bounded_counted_and_reported_once_and_costs_no
         assert overflowed == {"name": 0, "exception": 0, "queue_name": 0, "hostname": 0}
 
         def reported() -> list[dict[str, Any]]:
-            return [
-                e
-                for e in kube_api.client.get("/api/v1/namespaces/default/events")["items"]
-                if e.get("reason") == "MetricLabelsOverflowed"
-            ]
+            return events(kube_api, "MetricLabelsOverflowed")
 
         [event] = eventually(reported, timeout=10, message="the overflow was not reported")
         assert event["type"] == "Warning"

@@ -15,7 +15,7 @@ from celery_event_operator.core.api.models import parse_spec
 from celery_event_operator.core.topology import plan
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.support import rabbitmq
-from tests.support.kube import ApiError, EmulatedApi, condition, eventually
+from tests.support.kube import EmulatedApi, condition, events, eventually, gone
 from tests.support.operator_process import OperatorProcess
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -27,17 +27,8 @@ def sample() -> dict[str, Any]:
     return body
 
 
-def events(api: EmulatedApi, reason: str) -> list[dict[str, Any]]:
-    """kopf posts Events from a queue of its own: wait for them with `eventually`."""
-    return [e for e in api.client.get("/api/v1/namespaces/default/events")["items"] if e.get("reason") == reason]
-
-
 def _gone(api: EmulatedApi) -> bool:
-    try:
-        api.client.get(f"{CES}/billing")
-    except ApiError as exc:
-        return exc.status == 404
-    return False
+    return gone(api.client, f"{CES}/billing")
 
 
 @pytest.fixture

@@ -150,3 +150,29 @@ class FakeContext:
     brokers: FakeBrokers
     options: OperatorOptions = dataclasses.field(default_factory=OperatorOptions)
     metrics: MetricsRegistry = dataclasses.field(default_factory=MetricsRegistry)
+
+
+def resource(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "celeryevents.io/v1alpha1",
+        "kind": "CeleryEventService",
+        "metadata": {"name": "billing", "namespace": "shop", "uid": "u1", "generation": 1, "annotations": {}},
+        "spec": {
+            "broker": {"secretRef": {"name": "rabbitmq"}},
+            "events": {"handlers": [{"name": "order"}]},
+            "workers": {"scaleTargetRef": {"kind": "Deployment", "name": "billing-worker"}},
+            **spec,
+        },
+    }
+
+
+class RecordingLogger:
+    """A logger's info and warning, kept as lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message: str, *args: Any) -> None:
+        self.lines.append(message % args)
+
+    warning = info

@@ -20,23 +20,9 @@ from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.conclusion import EventNote
 from celery_event_operator.core.service.pods import WorkerPod
 from celery_event_operator.flow.services import ServiceKeeper
-from tests.unit.flow.fakes import FakeBroker, FakeBrokers, FakeCluster, FakeContext
+from tests.unit.flow.fakes import FakeBroker, FakeBrokers, FakeCluster, FakeContext, RecordingLogger, resource
 
 DEPTHS = (QueueDepth("billing.order", "events", 60, 1),)
-
-
-def resource(**spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "celeryevents.io/v1alpha1",
-        "kind": "CeleryEventService",
-        "metadata": {"name": "billing", "namespace": "shop", "uid": "u1", "generation": 1, "annotations": {}},
-        "spec": {
-            "broker": {"secretRef": {"name": "rabbitmq"}},
-            "events": {"handlers": [{"name": "order"}]},
-            "workers": {"scaleTargetRef": {"kind": "Deployment", "name": "billing-worker"}},
-            **spec,
-        },
-    }
 
 
 class Harness:
@@ -47,7 +33,7 @@ class Harness:
         self.cluster = FakeCluster(body)
         self.context = FakeContext(self.cluster, self.brokers)
         self.events: list[EventNote] = []
-        self.keeper = ServiceKeeper(self.context, "shop", "billing", self.events.extend, _Logger())
+        self.keeper = ServiceKeeper(self.context, "shop", "billing", self.events.extend, RecordingLogger())
         self.pods = [WorkerPod("billing-worker-1", "h1")]
 
     async def reconcile(self) -> None:
@@ -65,16 +51,6 @@ class Harness:
     def condition(self, type: str) -> tuple[str, str]:
         found = next(c for c in self.body["status"]["conditions"] if c["type"] == type)
         return found["status"], found["reason"]
-
-
-class _Logger:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def info(self, message: str, *args: Any) -> None:
-        self.lines.append(message % args)
-
-    warning = info
 
 
 async def test_a_reconcile_declares_configures_subscribes_and_writes_once() -> None:

@@ -18,8 +18,7 @@ from celery_event_operator.core.service.observations import QueuesSeen
 from celery_event_operator.core.service.pods import WorkerPod
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.flow import steps
-from tests.unit.flow.fakes import FakeBroker, FakeCluster
-from tests.unit.flow.test_keeper import _Logger, resource
+from tests.unit.flow.fakes import FakeBroker, FakeCluster, RecordingLogger, resource
 
 ALARM = Alarm("memory", "rabbit@broker-0")
 QUEUES = QueuesSeen((QueueDepth("billing.order", "events", 60, 1),), "ready + unacknowledged")
@@ -112,7 +111,7 @@ async def test_healing_evicts_one_pod_due_and_keeps_it_due_when_refused() -> Non
             heal_old=True,
             grace_seconds=5,
             now=now,
-            logger=_Logger(),
+            logger=RecordingLogger(),
         )
 
     assert await heal(0.0) is None, "within its grace period"
@@ -151,7 +150,7 @@ async def lifecycle(
         metrics=metrics,
         memory=memory,
         now=now,
-        logger=_Logger(),
+        logger=RecordingLogger(),
         **arguments,
     )
 

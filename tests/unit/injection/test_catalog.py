@@ -11,7 +11,7 @@ from typing import Any
 from celery_event_operator.adapters.injection import catalog
 from celery_event_operator.adapters.kubeapi import AsyncKubeApi
 from celery_event_operator.core.errors import KubeError
-from tests.unit.flow.test_keeper import resource
+from tests.unit.flow.fakes import resource
 
 
 class _Services:

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from celery_event_operator.core.monitoring import bounds, report, state
 from celery_event_operator.core.monitoring.bounds import OVERFLOW, DistinctCount, SeriesSettings, TaskBudget
 from celery_event_operator.core.monitoring.state import SERVICE_WIDE, ServiceMetrics
+from tests.unit.monitoring.test_state import event
 
 W = SERVICE_WIDE
-
-
-def event(kind: str, worker: str = "pod-a", **fields: Any) -> dict[str, Any]:
-    return {"type": kind, "hostname": f"celery@{worker}", "timestamp": 1.0, **fields}
 
 
 def received(metrics: ServiceMetrics) -> dict[str, int]:

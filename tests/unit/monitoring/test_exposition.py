@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import gzip
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,10 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from celery_event_operator.adapters.monitoring.collector import MetricsRegistry, accepts_gzip
 from celery_event_operator.core.monitoring import exposition
 from celery_event_operator.core.monitoring.bounds import SeriesSettings
-
-
-def event(kind: str, worker: str = "pod-a", **fields: Any) -> dict[str, Any]:
-    return {"type": kind, "hostname": f"celery@{worker}", "timestamp": 1.0, **fields}
+from tests.unit.monitoring.test_state import event
 
 
 def scrape(registry: MetricsRegistry, compressed: bool = False) -> bytes:
