@@ -119,9 +119,11 @@ def fleet(kube_api: EmulatedApi, operator: OperatorProcess, tmp_path: pathlib.Pa
     found.stop_all()
 
 
-def test_a_pod_running_a_long_task_costs_more_to_delete_than_an_idle_one(fleet: Fleet, test_vhost_url: str) -> None:
+def test_a_pod_running_a_long_task_costs_more_to_delete_than_an_idle_one(
+    fleet: Fleet, test_vhost_url: str, queue_type: str
+) -> None:
     create_broker_secret(fleet.api, test_vhost_url)
-    fleet.api.client.create(CES, service())
+    fleet.api.client.create(CES, service(queue_type))
     eventually(lambda: condition(fleet.api, "Ready").get("status") == "True", timeout=30)
     fleet.start("billing-worker-busy")
     fleet.fire((1, "long:25"))
@@ -191,9 +193,11 @@ def test_a_worker_that_stops_consuming_is_reported_evicted_and_replaced_nothing_
     assert len(events_of(fleet.api, "PodEvicted")) == 1, "one eviction"
 
 
-def test_a_worker_stopped_with_sigstop_is_reported_and_replaced(fleet: Fleet, test_vhost_url: str) -> None:
+def test_a_worker_stopped_with_sigstop_is_reported_and_replaced(
+    fleet: Fleet, test_vhost_url: str, queue_type: str
+) -> None:
     create_broker_secret(fleet.api, test_vhost_url)
-    fleet.api.client.create(CES, service())
+    fleet.api.client.create(CES, service(queue_type))
     eventually(lambda: condition(fleet.api, "Ready").get("status") == "True", timeout=30)
     worker = fleet.start("billing-worker-a")
     eventually(lambda: condition(fleet.api, "WorkersHealthy").get("status") == "True", timeout=20)
