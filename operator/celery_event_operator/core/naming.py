@@ -33,6 +33,18 @@ def event_exchange_name(service: str) -> str:
     return f"{service}:celeryev"
 
 
+def control_exchange_name(service: str) -> str:
+    """The service's remote-control exchange (its `control_exchange` setting): its own, so that a broadcast to the
+    workers of one service reaches no other's."""
+    return f"{service}:control"
+
+
+def pidbox_queue_suffix(control_exchange: str) -> str:
+    """How the remote-control queue of each worker ends: Celery (kombu's Mailbox) names it
+    `<hostname>.<control exchange>.pidbox`."""
+    return f".{control_exchange}.pidbox"
+
+
 def monitor_queue_name(service: str) -> str:
     """The operator's own queue of the service's Celery events (an event may not be named `celeryev`)."""
     return f"{service}.celeryev"

@@ -13,7 +13,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec, ScaleT
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.injection.outcome import WorkersOutcome
-from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.scaling.depths import QueueDepth
@@ -63,6 +63,10 @@ class ServiceBroker(Protocol):
 
     async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
         """The broker's resource alarms in effect; ManagementUnavailableError without a management API."""
+        ...
+
+    async def holdings(self, max_age: float) -> tuple[Holding, ...]:
+        """The vhost's channels and the deliveries each holds; ManagementUnavailableError without a management API."""
         ...
 
 

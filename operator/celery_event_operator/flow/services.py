@@ -32,6 +32,7 @@ from celery_event_operator.core.errors import (
 )
 from celery_event_operator.core.injection import healing
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
+from celery_event_operator.core.lifecycle import stuck as stuck_memory
 from celery_event_operator.core.naming import event_exchange_name, handler_queue_name, monitor_queue_name
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import (
@@ -413,7 +414,9 @@ class ServiceKeeper:
             logger=self._logger,
         )
         if metrics is not None:
-            metrics.stuck_workers = len(seen.stuck) if seen is not None and seen.unchecked is None else None
+            judged = seen is not None and seen.unchecked is None
+            metrics.stuck_workers = len(seen.stuck) if seen is not None and judged else None
+            metrics.replacement_paused = (seen.judgement.paused is not None) if seen is not None and judged else None
         return seen
 
     async def _heal(
@@ -424,21 +427,26 @@ class ServiceKeeper:
         if workers is None:
             return None
         replace = lifecycle is not None and workers.replace_stuck_workers
-        stuck = {w.pod: w.why for w in lifecycle.stuck if w.replace} if lifecycle is not None and replace else {}
+        stuck = {w.pod: w for w in lifecycle.stuck if w.replace} if lifecycle is not None and replace else {}
         if heal_after is None and not stuck:
             return None
-        return await steps.heal(
+        now = time.monotonic()
+        evicted = await steps.heal(
             self.context.cluster,
             self.namespace,
             self._healing,
             live,
             self._workers[2].config_hash if heal_after is not None and self._workers is not None else None,
-            stuck=stuck,
+            stuck={pod: worker.why for pod, worker in stuck.items()},
+            busy=lifecycle.busy if lifecycle is not None else frozenset(),
             heal_old=workers.rollout_on_change,
             grace_seconds=heal_after or workers.heal_after_seconds,
-            now=time.monotonic(),
+            now=now,
             logger=self._logger,
         )
+        if evicted is not None and evicted.pod in stuck:
+            stuck_memory.evicted(self._lifecycle_memory.stuck, stuck[evicted.pod], now)
+        return evicted
 
     async def _count(
         self, understood: specs.Understood, broker: ServiceBroker, pods: PodsOf, live: list[WorkerPod]

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from celery_event_operator.adapters.broker.events_connection import Subscription
+from celery_event_operator.core import naming
 from celery_event_operator.core.api import conditions
 from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
 from celery_event_operator.core.broker.alarms import Alarm
@@ -20,8 +21,8 @@ from celery_event_operator.core.errors import (
     OperatorError,
 )
 from celery_event_operator.core.injection import healing
-from celery_event_operator.core.lifecycle import consumers, costs
-from celery_event_operator.core.lifecycle.stuck import StuckMemory, judge
+from celery_event_operator.core.lifecycle import consumers, costs, stuck
+from celery_event_operator.core.lifecycle.stuck import StuckMemory
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.scaling import policy
 from celery_event_operator.core.scaling.depths import counters
@@ -169,6 +170,7 @@ class LifecycleMemory:
 
     stuck: StuckMemory = dataclasses.field(default_factory=StuckMemory)
     costs_sent: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # pod → cost, when
+    looked_at: set[str] = dataclasses.field(default_factory=set)  # pods whose written deletion cost was believed
 
 
 async def keep_lifecycle(
@@ -192,13 +194,21 @@ async def keep_lifecycle(
     spec, workers = understood.spec, understood.spec.workers
     if workers is None:
         return None
+    limit = stuck.task_limit(
+        workers.max_task_runtime_seconds, workers.celery.time_limit_seconds if workers.celery is not None else None
+    )
+    running = [pod for pod in pods if pod.running]
+    facts: dict[str, stuck.PodFacts] = {}
+    if metrics is not None:
+        _believe_written_costs(metrics, running, memory, now)
+        if events_consumed:
+            facts = await _observe_pods(broker, namespace, understood, running, metrics, limit=limit, now=now)
+    wanted = _deletion_costs(running, metrics, limit, now) if metrics is not None and events_consumed else {}
     written = 0
-    if workers.set_deletion_cost and metrics is not None and events_consumed:
-        written = await _keep_deletion_costs(
-            cluster, namespace, pods=pods, metrics=metrics, memory=memory, now=now, logger=logger
-        )
+    if workers.set_deletion_cost and wanted:
+        written = await _keep_deletion_costs(cluster, namespace, pods, wanted, memory=memory, now=now, logger=logger)
     current = (config_hash, None)  # a pod admitted without settings (no hash) is judged too
-    candidates = [pod for pod in pods if pod.running and config_hash is not None and pod.config_hash in current]
+    candidates = [pod for pod in running if config_hash is not None and pod.config_hash in current]
     unchecked = None
     if not spec.monitoring.enabled or metrics is None:
         unchecked = "monitoring is off: the workers' heartbeats are not consumed"
@@ -210,41 +220,128 @@ async def keep_lifecycle(
         unchecked = "the service's Celery events are not consumed (see MonitoringReady)"
     elif alarms:
         unchecked = "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
-    consuming: dict[str, bool | None] | None = None
-    if unchecked is None:
-        try:
-            listed = await broker.consumers(spec.status_interval_seconds / 2)
-            handler_queues = frozenset(q.name for q in understood.topology.queues if q.role == "events")
-            consuming = consumers.consuming(listed, handler_queues, candidates, namespace)
-        except ManagementUnavailableError:
-            pass  # heartbeats are still judged
     # Judged unchecked too: what is unknown now resets what was being counted (silence counts afresh after it).
-    judged = judge(
+    judgement = stuck.judge(
         memory.stuck,
-        [pod.name for pod in candidates],
-        last_heard=metrics.last_heard if metrics is not None else {},
-        consuming=consuming,
+        [facts[pod.name] for pod in candidates if pod.name in facts],
         waiting=counters(queues.depths)["queueLength"] if queues.depths is not None else 0,
         heartbeats_known=unchecked is None,
         now=now,
         threshold=workers.stuck_after_seconds,
+        limit=limit,
     )
-    return LifecycleSeen(len(candidates), judged.stuck, unchecked=unchecked or judged.unchecked, costs_written=written)
+    return LifecycleSeen(
+        judgement,
+        workers.stuck_after_seconds,
+        unchecked=unchecked or judgement.unchecked,
+        costs_written=written,
+        busy=_busy(pods, wanted, memory),
+    )
+
+
+async def _observe_pods(
+    broker: ServiceBroker,
+    namespace: str,
+    understood: Understood,
+    pods: list[WorkerPod],
+    metrics: ServiceMetrics,
+    *,
+    limit: stuck.TaskLimit | None,
+    now: float,
+) -> dict[str, stuck.PodFacts]:
+    """What the events say of each Running pod, and what the broker says: its consumers (listed once per vhost and
+    half interval) and, when a judgement rests on it (a pod quiet, never heard, believed busy, or running a task past
+    its limit), the deliveries it holds — which show a task its events do not, and fed back into what it runs."""
+    max_age = understood.spec.status_interval_seconds / 2
+    facts = [_facts(pod, metrics) for pod in pods]
+    try:
+        listed = await broker.consumers(max_age)
+        handler_queues = frozenset(q.name for q in understood.topology.queues if q.role == "events")
+        control = naming.control_exchange_name(understood.service)
+        seen = consumers.on_broker(listed, handler_queues, pods, namespace, control)
+        facts = [dataclasses.replace(found, broker=seen[found.name]) for found in facts]
+        if any(_needs_holdings(found, limit, now) for found in facts):
+            holdings = await broker.holdings(min(max_age, stuck.HOLDINGS_MAX_AGE_SECONDS))
+            held = consumers.unacknowledged(holdings, pods, namespace)
+            for pod in pods:
+                deliveries = held[pod.name]
+                if deliveries is not None:
+                    metrics.running.holds(pod.name, deliveries, since=metrics.last_heard.get(pod.name, now))
+            facts = [dataclasses.replace(_facts(pod, metrics), broker=seen[pod.name], unacknowledged=held[pod.name])
+                     for pod in pods]  # fmt: skip
+    except ManagementUnavailableError:
+        pass  # judged on the events alone
+    return {found.name: found for found in facts}
+
+
+def _needs_holdings(pod: stuck.PodFacts, limit: stuck.TaskLimit | None, now: float) -> bool:
+    quiet = pod.last_heard is None or now - pod.last_heard > 2 * stuck.HEARTBEAT_SECONDS
+    return quiet or pod.unseen_since is not None or bool(stuck.overdue(pod.tasks, limit, now))
+
+
+def _facts(pod: WorkerPod, metrics: ServiceMetrics) -> stuck.PodFacts:
+    """What the service's events say of a pod."""
+    unseen = metrics.running.unseen(pod.name)
+    return stuck.PodFacts(
+        pod.name,
+        template=pod.template,
+        tasks=tuple(metrics.running_tasks(pod.name)),
+        unseen_since=unseen[1] if unseen is not None else None,
+        last_heard=metrics.last_heard.get(pod.name),
+        first_heard=metrics.first_heard.get(pod.name),
+        last_heartbeat=metrics.last_heartbeat.get(pod.name),
+    )
+
+
+def _believe_written_costs(metrics: ServiceMetrics, pods: list[WorkerPod], memory: LifecycleMemory, now: float) -> None:
+    """A pod first looked at whose deletion cost says it is busy (written before an operator restart, by this
+    operator or another writer) runs a task the events did not show starting: believed until they, or the broker,
+    say otherwise."""
+    now_seen = {pod.name for pod in pods}
+    for pod in pods:
+        if pod.name in memory.looked_at:
+            continue
+        cost = costs.parsed(pod.deletion_cost)
+        if cost > 0:
+            metrics.running.assume_busy(pod.name, now - costs.least_running_seconds(cost))
+    memory.looked_at = now_seen
+
+
+def _deletion_costs(
+    pods: list[WorkerPod], metrics: ServiceMetrics, limit: stuck.TaskLimit | None, now: float
+) -> dict[str, int]:
+    """Each Running pod's deletion cost from the tasks it runs; a task past its limit has hung: no work to keep."""
+    wanted = {}
+    for pod in pods:
+        tasks = metrics.running.tasks(pod.name)
+        late = {task.uuid for task in stuck.overdue(tasks, limit, now)}
+        ages = [now - task.started_at for task in tasks if task.uuid not in late]
+        unseen = metrics.running.unseen(pod.name)
+        if unseen is not None and (limit is None or now - unseen[1] <= limit.seconds):
+            ages.append(now - unseen[1])
+        wanted[pod.name] = costs.deletion_cost(ages)
+    return wanted
+
+
+def _busy(pods: list[WorkerPod], wanted: dict[str, int], memory: LifecycleMemory) -> frozenset[str]:
+    """The pods whose deletion cost says they are busy: as the events say it now, or as it is written (the cost just
+    sent, else the pod's annotation, whoever wrote it)."""
+    written = {pod.name: costs.parsed(pod.deletion_cost) for pod in pods}
+    written |= {pod: cost for pod, (cost, _) in memory.costs_sent.items()}
+    return frozenset(pod.name for pod in pods if max(wanted.get(pod.name, 0), written.get(pod.name, 0)) > 0)
 
 
 async def _keep_deletion_costs(
     cluster: ClusterAccess,
     namespace: str,
-    *,
     pods: list[WorkerPod],
-    metrics: ServiceMetrics,
+    wanted: dict[str, int],
+    *,
     memory: LifecycleMemory,
     now: float,
     logger: logging.Logger | Any,
 ) -> int:
     """Patch the pods whose deletion cost changed (a bounded number per pass); the number patched."""
-    running = metrics.running.elapsed(now)
-    wanted = {pod.name: costs.deletion_cost(running.get(pod.name, ())) for pod in pods if pod.running}
     current = {pod.name: pod.deletion_cost for pod in pods}
     for pod, (cost, at) in list(memory.costs_sent.items()):
         if pod not in wanted or current.get(pod) == str(cost) or now - at > COST_RESEND_SECONDS:
@@ -271,13 +368,14 @@ async def heal(
     config_hash: str | None,
     *,
     stuck: dict[str, str],
+    busy: frozenset[str],
     heal_old: bool,
     grace_seconds: int,
     now: float,
     logger: logging.Logger | Any,
 ) -> Evicted | None:
     """Evict the next pod that is stuck, or runs without the current settings (`config_hash` None: those are left
-    alone), if one is due."""
+    alone), if one is due; never a busy one."""
     step = healing.next_step(
         memory,
         [(pod.name, pod.config_hash) for pod in pods],
@@ -286,6 +384,7 @@ async def heal(
         now=now,
         grace_seconds=grace_seconds,
         stuck=stuck,
+        busy=busy,
     )
     if step.evict is None:
         return None

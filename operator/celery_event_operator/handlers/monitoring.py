@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, HASH_ANNOTATION, SERVICE_LABEL
-from celery_event_operator.core.service.pods import PodsOf, WorkerPod
+from celery_event_operator.core.service.pods import PodsOf, WorkerPod, template_of
 
 
 @kopf.index("v1", "pods", labels={SERVICE_LABEL: kopf.PRESENT})
@@ -33,6 +33,7 @@ def pods_by_service(
         ip=status.get("podIP") or None,
         running=status.get("phase") == "Running",
         deletion_cost=annotations.get(DELETION_COST_ANNOTATION),
+        template=template_of(labels),
     )
     return {(namespace, labels[SERVICE_LABEL]): pod}
 

@@ -14,7 +14,7 @@ from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
 from celery_event_operator.core.errors import KubeError, OperatorError
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
-from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.scaling.depths import QueueDepth
@@ -51,6 +51,8 @@ class FakeBroker:
         self.depth_answer: tuple[tuple[QueueDepth, ...], str] | OperatorError = ((), "ready + unacknowledged")
         self.consumer_answer: tuple[Consumer, ...] | OperatorError = ()
         self.alarm_answer: tuple[Alarm, ...] | OperatorError = ()
+        self.holding_answer: tuple[Holding, ...] | OperatorError = ()
+        self.calls: list[str] = []
 
     async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
         self.declares.append((topology.service, remove))
@@ -72,6 +74,12 @@ class FakeBroker:
         if isinstance(self.alarm_answer, OperatorError):
             raise self.alarm_answer
         return self.alarm_answer
+
+    async def holdings(self, max_age: float) -> tuple[Holding, ...]:
+        self.calls.append("holdings")
+        if isinstance(self.holding_answer, OperatorError):
+            raise self.holding_answer
+        return self.holding_answer
 
 
 class FakeBrokers:

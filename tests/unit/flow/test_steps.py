@@ -10,7 +10,7 @@ from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.errors import BrokerRefusedError, KubeError, KubeUnavailableError
 from celery_event_operator.core.injection import healing
-from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service import spec as specs
@@ -100,7 +100,7 @@ async def test_healing_evicts_one_pod_due_and_keeps_it_due_when_refused() -> Non
     cluster, memory = FakeCluster(resource()), healing.HealingMemory()
     pods = [WorkerPod("old-1", "h0"), WorkerPod("new-1", "h1")]
 
-    async def heal(now: float, stuck: dict[str, str] | None = None) -> Any:
+    async def heal(now: float, stuck: dict[str, str] | None = None, busy: frozenset[str] = frozenset()) -> Any:
         return await steps.heal(
             cluster,
             "shop",
@@ -108,6 +108,7 @@ async def test_healing_evicts_one_pod_due_and_keeps_it_due_when_refused() -> Non
             pods,
             "h1",
             stuck=stuck or {},
+            busy=busy,
             heal_old=True,
             grace_seconds=5,
             now=now,
@@ -115,6 +116,7 @@ async def test_healing_evicts_one_pod_due_and_keeps_it_due_when_refused() -> Non
         )
 
     assert await heal(0.0) is None, "within its grace period"
+    assert await heal(10.0, busy=frozenset({"old-1"})) is None, "its deletion cost says it is busy"
     cluster.evictable = False  # a PodDisruptionBudget refuses for now
     assert await heal(10.0) is None
     cluster.evictable = True
@@ -125,6 +127,7 @@ async def test_healing_evicts_one_pod_due_and_keeps_it_due_when_refused() -> Non
 
     assert await heal(50.0, {"new-1": "no heartbeat"}) is None, "one at a time: the last one gone first"
     pods.remove(WorkerPod("old-1", "h0"))
+    assert await heal(60.0, {"new-1": "no heartbeat"}, busy=frozenset({"new-1"})) is None, "busy: never evicted"
     stuck = await heal(60.0, {"new-1": "no heartbeat for 40 s while Running"})
     assert stuck is not None
     assert (stuck.pod, stuck.why) == ("new-1", "the worker is stuck: no heartbeat for 40 s while Running")
@@ -201,12 +204,97 @@ async def test_a_silent_running_pod_and_one_without_consumer_are_found_stuck() -
     metrics = ServiceMetrics("shop", "billing")
     pods = [WorkerPod("silent", "h1", running=True), WorkerPod("idle", "h1", running=True), WorkerPod("new", "h1")]
     broker.consumer_answer = (Consumer("billing.order", "127.0.0.1", "celeryevents.io/pod=shop/other"),)
-    metrics.last_heard["silent"] = 0.0  # heard once, then nothing
+    metrics.last_heard["silent"] = metrics.last_heartbeat["silent"] = 0.0  # heard once, then nothing
     for now in (0.0, 20.0, 40.0, 70.0):  # silence counts once workers had the time to reconnect (30 s)
-        metrics.last_heard["idle"] = now
+        metrics.last_heard["idle"] = metrics.last_heartbeat["idle"] = now
         seen = await lifecycle(cluster, broker, pods, metrics, memory, now)
-    assert seen.judged == 2, "a pod not Running is not judged"
+    assert seen.judgement.judged == 2, "a pod not Running is not judged"
     assert [(worker.pod, worker.why, worker.replace) for worker in seen.stuck] == [
-        ("idle", "heartbeats but consumes from no handler queue for over 30 s while messages wait", True),
-        ("silent", "no heartbeat for over 30 s while Running", True),
+        ("idle", "consumes from no handler queue for over 30 s while messages wait", True),
+        (
+            "silent",
+            "no heartbeat or event for over 30 s, and it runs no task (it sends heartbeats otherwise, and it holds no "
+            "delivery on the broker)",
+            True,
+        ),
     ]
+    assert "holdings" in broker.calls, "a quiet pod: the deliveries it holds tell whether a task blocks it"
+    broker.calls.clear()
+    await lifecycle(cluster, broker, pods[1:], metrics, memory, 71.0)
+    assert broker.calls == [], "pods heard from: the deliveries held are not listed"
+
+
+async def test_a_busy_pod_is_judged_by_its_tasks_and_its_hung_task_is_confirmed_on_the_broker() -> None:
+    """A task blocks a solo pool's heartbeats: the pod is busy, not silent. Past its limit the task has hung: the pod
+    costs nothing to delete any more, and is replaced only while the broker shows it holds the task's message."""
+    cluster, broker, memory = FakeCluster(resource()), FakeBroker(), steps.LifecycleMemory()
+    metrics = ServiceMetrics("shop", "billing")
+    pods = [WorkerPod("solo", "h1", running=True)]
+    broker.consumer_answer = (Consumer("billing.order", "10.0.0.1", "celeryevents.io/pod=shop/solo"),)
+    metrics.last_heard["solo"] = metrics.last_heartbeat["solo"] = 0.0
+    metrics.running.started("t-1", "solo", 0.0)
+    workers = {**resource()["spec"]["workers"], "stuckAfterSeconds": 30, "maxTaskRuntimeSeconds": 90}
+    limited = understood(workers=workers)
+
+    async def judge(now: float) -> Any:
+        return await steps.keep_lifecycle(
+            cluster, broker, "shop", limited, pods=pods, metrics=metrics, memory=memory, queues=QUEUES,
+            events_consumed=True, alarms=(), config_hash="h1", now=now, logger=RecordingLogger(),
+        )  # fmt: skip
+
+    for now in (0.0, 40.0, 80.0):
+        seen = await judge(now)
+        assert seen.stuck == (), "busy, not silent"
+    assert seen.busy == frozenset({"solo"})
+    pods[0] = WorkerPod("solo", "h1", running=True, deletion_cost="2")
+    broker.holding_answer = (Holding(1, "10.0.0.1", "celeryevents.io/pod=shop/solo"),)
+    seen = await judge(100.0)
+    [hung] = seen.stuck
+    assert hung.why == "task (name unknown) (t-1) has run 100 s, past its limit of 90 s (workers.maxTaskRuntimeSeconds)"
+    assert hung.replace
+    assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "solo", {DELETION_COST_ANNOTATION: "0"})
+    assert seen.busy == frozenset(), "a hung task is no work to keep"
+    broker.holding_answer = (Holding(0, "10.0.0.1", "celeryevents.io/pod=shop/solo"),)
+    [ended] = (await judge(110.0)).stuck
+    assert not ended.replace, "the broker shows no delivery held: its end was not seen"
+    assert ended.why.startswith("task (name unknown) (t-1) has run 100 s"), "the age when found: a stable message"
+
+
+async def test_a_deletion_cost_written_before_a_restart_is_believed_until_evidence() -> None:
+    """The operator restarted while a pod runs a long task it did not see start: the pod stays busy and costly."""
+    cluster, broker, memory = FakeCluster(resource()), FakeBroker(), steps.LifecycleMemory()
+    metrics = ServiceMetrics("shop", "billing")
+    pods = [WorkerPod("busy", "h1", running=True, deletion_cost="3")]
+    broker.holding_answer = (Holding(1, None, "celeryevents.io/pod=shop/busy"),)
+    for now in (0.0, 100.0):
+        seen = await lifecycle(cluster, broker, pods, metrics, memory, now)
+        assert seen.busy == frozenset({"busy"})
+        assert seen.stuck == ()
+    assert cluster.made("annotate_pod") == [], "its cost is not lowered without evidence"
+    metrics.ingest({"type": "worker-heartbeat", "hostname": "celery@busy", "active": 0}, 101.0)
+    seen = await lifecycle(cluster, broker, pods, metrics, memory, 102.0)
+    assert cluster.made("annotate_pod") == [("annotate_pod", "busy", {DELETION_COST_ANNOTATION: "0"})]
+    assert seen.busy == frozenset(), "it said it runs nothing"
+
+
+async def test_a_pod_whose_task_shows_only_on_the_broker_is_busy_and_costly() -> None:
+    """Celery's solo pool sends a task's events when the task ended: while it runs, the pod is quiet and holds the
+    task's message unacknowledged."""
+    cluster, broker, memory = FakeCluster(resource()), FakeBroker(), steps.LifecycleMemory()
+    metrics = ServiceMetrics("shop", "billing")
+    pods = [WorkerPod("solo", "h1", running=True)]
+    metrics.last_heard["solo"] = metrics.last_heartbeat["solo"] = 0.0
+    broker.holding_answer = (Holding(1, None, "celeryevents.io/pod=shop/solo"),)
+    for now in (5.0, 40.0, 80.0):
+        seen = await lifecycle(cluster, broker, pods, metrics, memory, now)
+        assert seen.stuck == (), "busy, not silent"
+    assert [call[2] for call in cluster.made("annotate_pod")] == [
+        {DELETION_COST_ANNOTATION: "1"},  # from 10 s of running
+        {DELETION_COST_ANNOTATION: "2"},  # from a minute
+    ]
+    assert seen.busy == frozenset({"solo"})
+    broker.holding_answer = ()  # its task ended (its events come now, or were lost)
+    pods[0] = WorkerPod("solo", "h1", running=True, deletion_cost="2")
+    seen = await lifecycle(cluster, broker, pods, metrics, memory, 81.0)
+    assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "solo", {DELETION_COST_ANNOTATION: "0"})
+    assert seen.busy == frozenset()

@@ -24,7 +24,7 @@ from celery_event_operator.core.errors import (
     UnsupportedOperationError,
 )
 from celery_event_operator.core.injection.outcome import WorkersOutcome
-from celery_event_operator.core.lifecycle.stuck import StuckWorker
+from celery_event_operator.core.lifecycle.stuck import Judgement, StuckWorker
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.conclusion import (
     Announced,
@@ -611,16 +611,22 @@ def test_observations_are_plain_frozen_data() -> None:
         seen.generation = 4  # type: ignore[misc]
 
 
+def lifecycle(judged: int, stuck: tuple[StuckWorker, ...] = (), **seen: Any) -> LifecycleSeen:
+    """What a lifecycle step saw: `judged` pods heartbeating and consuming, `stuck` among them."""
+    judgement = Judgement(stuck, judged=judged, heartbeating=judged, consuming=judged, paused=seen.pop("paused", None))
+    return LifecycleSeen(judgement, 120.0, **seen)
+
+
 def test_stuck_workers_are_named_in_workers_healthy_and_announced_once_each() -> None:
     silent = StuckWorker("w-1", "no heartbeat for 130 s while Running")
     idle = StuckWorker("w-2", "heartbeats but consumes from no handler queue for 125 s while 40 messages wait")
     found = run(
-        status_passed(lifecycle=LifecycleSeen(2)),
-        status_passed(lifecycle=LifecycleSeen(2, (silent,))),
-        status_passed(lifecycle=LifecycleSeen(2, (silent, idle))),
-        status_passed(lifecycle=LifecycleSeen(2, (silent, idle))),
-        status_passed(lifecycle=LifecycleSeen(2, unchecked="queue lengths unknown: down")),
-        status_passed(lifecycle=LifecycleSeen(2)),
+        status_passed(lifecycle=lifecycle(2)),
+        status_passed(lifecycle=lifecycle(2, (silent,))),
+        status_passed(lifecycle=lifecycle(2, (silent, idle))),
+        status_passed(lifecycle=lifecycle(2, (silent, idle))),
+        status_passed(lifecycle=lifecycle(2, unchecked="queue lengths unknown: down")),
+        status_passed(lifecycle=lifecycle(2)),
     )
     assert [conditions(c)["WorkersHealthy"] for c in found] == [
         ("True", "WorkersHealthy"),
@@ -639,6 +645,17 @@ def test_stuck_workers_are_named_in_workers_healthy_and_announced_once_each() ->
     message = next(c.message for c in found[2].status.conditions if c.type == "WorkersHealthy")
     assert message.startswith("w-1: no heartbeat for 130 s while Running; w-2: heartbeats but")
     assert events(found[4]) == [], "not judged: no Event"
+    healthy = next(c.message for c in found[0].status.conditions if c.type == "WorkersHealthy")
+    assert healthy == "2 running workers: 2 send heartbeats, 2 consume from the handler queues"
+
+
+def test_a_pause_of_the_replacing_is_said_in_workers_healthy_and_announced_once() -> None:
+    stuck = (StuckWorker("w-2", "task t (0123abcd) has run 95 s, past its limit of 90 s", "hung:t", replace=False),)
+    paused = "replacing paused: w-2 started after w-1 was evicted for the same reason"
+    found = run(*[status_passed(lifecycle=lifecycle(2, stuck, paused=paused))] * 2)
+    message = next(c.message for c in found[0].status.conditions if c.type == "WorkersHealthy")
+    assert message.startswith(paused + ". w-2: task t")
+    assert [events(c) for c in found] == [[("Warning", "ReplacementPaused"), ("Warning", "WorkerStuck")], []]
 
 
 def test_metric_labels_past_their_bound_are_announced_once_per_label() -> None:
@@ -661,7 +678,7 @@ def test_metric_labels_past_their_bound_are_announced_once_per_label() -> None:
 
 def test_many_stuck_workers_are_named_up_to_a_bound_and_announced_a_few_per_pass() -> None:
     stuck = tuple(StuckWorker(f"w-{number:03d}", "no heartbeat for over 120 s while Running") for number in range(600))
-    found = run(*[status_passed(lifecycle=LifecycleSeen(600, stuck))] * 3)
+    found = run(*[status_passed(lifecycle=lifecycle(600, stuck))] * 3)
     message = next(c.message for c in found[0].status.conditions if c.type == "WorkersHealthy")
     assert message.count("no heartbeat") == 10
     assert message.endswith("and 590 more (celery_event_operator_stuck_workers)")
@@ -677,7 +694,7 @@ def test_a_refused_change_of_replicas_is_announced_once_per_distinct_refusal() -
 
 
 def test_workers_healthy_goes_with_the_workers() -> None:
-    [healthy] = run(status_passed(lifecycle=LifecycleSeen(2)))
+    [healthy] = run(status_passed(lifecycle=lifecycle(2)))
     assert "WorkersHealthy" in conditions(healthy)
     without_workers = parse_spec({key: value for key, value in GOOD_SPEC.items() if key != "workers"})
     [gone] = run(status_passed(without_workers), status=healthy.status)

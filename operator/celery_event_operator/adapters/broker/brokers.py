@@ -26,7 +26,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import BrokerRefusedError, ManagementUnavailableError
-from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.outcome import Report
@@ -84,6 +84,9 @@ class Broker:
 
     async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
         return await self.listing.alarms(max_age)
+
+    async def holdings(self, max_age: float) -> tuple[Holding, ...]:
+        return await self.listing.holdings(max_age)
 
     async def close(self) -> None:
         await self.events.close()

@@ -29,13 +29,14 @@ from celery_event_operator.adapters.broker.tls import TlsFiles, client_context
 from celery_event_operator.core.broker.address import BrokerAddress
 from celery_event_operator.core.broker.alarms import Alarm, alarms_of
 from celery_event_operator.core.errors import ManagementUnavailableError
-from celery_event_operator.core.lifecycle.consumers import Consumer
+from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 
 TIMEOUT_SECONDS = 10.0
 PAGE_SIZE = 500
 COLUMNS = "name,messages_ready,messages_unacknowledged,consumers"
 CONSUMER_COLUMNS = "queue.name,channel_details.connection_name,channel_details.peer_host"
 CONNECTION_COLUMNS = "name,user_provided_name"
+CHANNEL_COLUMNS = "connection_details.name,connection_details.peer_host,messages_unacknowledged"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +96,7 @@ class QueueListing:
         self._queues = _Cached[dict[str, QueueCounts]](self._guarded(self._list_queues), {})
         self._consumers = _Cached[tuple[Consumer, ...]](self._guarded(self._list_consumers), ())
         self._alarms = _Cached[tuple[Alarm, ...]](self._guarded(self._list_alarms), ())
+        self._holdings = _Cached[tuple[Holding, ...]](self._guarded(self._list_holdings), ())
         self._session: aiohttp.ClientSession | None = None
 
     async def queues(self, max_age: float) -> dict[str, QueueCounts]:
@@ -108,6 +110,11 @@ class QueueListing:
     async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
         """The broker's resource alarms in effect (memory, disk), checked no longer than `max_age` seconds ago."""
         return await self._alarms.get(max_age)
+
+    async def holdings(self, max_age: float) -> tuple[Holding, ...]:
+        """Every channel of the vhost with the deliveries it holds unacknowledged, and its connection's peer address
+        and client-provided name (listed only when a judgement needs it)."""
+        return await self._holdings.get(max_age)
 
     async def _list_alarms(self) -> tuple[Alarm, ...]:
         status, body = await self._answer("/api/health/checks/alarms")
@@ -134,20 +141,42 @@ class QueueListing:
     async def _list_consumers(self) -> tuple[Consumer, ...]:
         # Two listings: a consumer names its connection, the connection's listing has the name its client gave it.
         consumers = await self._get(f"/api/consumers/{self._vhost}?columns={CONSUMER_COLUMNS}")
-        connections = await self._get(f"/api/vhosts/{self._vhost}/connections?columns={CONNECTION_COLUMNS}")
-        given = {str(item.get("name")): item.get("user_provided_name") for item in connections or ()}
+        given = await self._connection_names()
         found = []
         for item in consumers or ():
             channel = item.get("channel_details") or {}
-            name = given.get(str(channel.get("connection_name")))
             found.append(
                 Consumer(
                     str((item.get("queue") or {}).get("name")),
                     str(channel["peer_host"]) if channel.get("peer_host") else None,
-                    name if isinstance(name, str) else None,
+                    given.get(str(channel.get("connection_name"))),
                 )
             )
         return tuple(found)
+
+    async def _list_holdings(self) -> tuple[Holding, ...]:
+        channels = await self._get(f"/api/vhosts/{self._vhost}/channels?columns={CHANNEL_COLUMNS}")
+        given = await self._connection_names()
+        found = []
+        for item in channels or ():
+            connection = item.get("connection_details") or {}
+            found.append(
+                Holding(
+                    int(item.get("messages_unacknowledged") or 0),
+                    str(connection["peer_host"]) if connection.get("peer_host") else None,
+                    given.get(str(connection.get("name"))),
+                )
+            )
+        return tuple(found)
+
+    async def _connection_names(self) -> dict[str, str]:
+        """The vhost's connections: the broker's name of each → the name its client gave it."""
+        connections = await self._get(f"/api/vhosts/{self._vhost}/connections?columns={CONNECTION_COLUMNS}")
+        return {
+            str(item.get("name")): item["user_provided_name"]
+            for item in connections or ()
+            if isinstance(item.get("user_provided_name"), str)
+        }
 
     async def _get(self, path: str) -> Any:
         status, body = await self._answer(path)
@@ -191,5 +220,6 @@ class QueueListing:
         self._queues.cancel()
         self._consumers.cancel()
         self._alarms.cancel()
+        self._holdings.cancel()
         if self._session is not None:
             await self._session.close()

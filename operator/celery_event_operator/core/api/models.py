@@ -322,9 +322,12 @@ class Workers(Model):
         bool,
         Field(
             description=(
-                "Evict (one at a time, through the Eviction API) a worker that heartbeats but consumes from no handler "
-                "queue while messages wait, or whose heartbeats stopped while it is Running, after stuckAfterSeconds. "
-                "Stuck workers are reported either way (needs monitoring.enabled)."
+                "Evict (one at a time, through the Eviction API) a stuck worker: one that consumes from no handler "
+                "queue while messages wait, or stopped sending heartbeats while it runs no task, for "
+                "stuckAfterSeconds; or whose task runs past maxTaskRuntimeSeconds (else celery.timeLimitSeconds + "
+                "30 s). A worker running a task is never judged on silence; a busy pod is never evicted; a "
+                "replacement stuck for the same reason pauses the replacing. Stuck workers are reported either way "
+                "(needs monitoring.enabled)."
             )
         ),
     ] = True
@@ -334,11 +337,24 @@ class Workers(Model):
             ge=5,
             le=86_400,
             description=(
-                "How long a worker may go without heartbeats, or without consuming while messages wait, before it is "
-                "stuck (with Celery's solo pool a task blocks heartbeats: above the longest task)."
+                "How long an idle worker may go without heartbeats, or any worker without consuming while messages "
+                "wait, before it is stuck (a worker running a task is judged by its tasks instead)."
             ),
         ),
     ] = 120
+    max_task_runtime_seconds: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=1,
+            le=604_800,
+            description=(
+                "A task running longer than this has hung: its pod is stuck (and replaced when replaceStuckWorkers). "
+                "Unset: celery.timeLimitSeconds + 30 s (the pool's own enforcement first; solo and threads pools do "
+                "not enforce it); with neither, tasks are not judged on how long they run."
+            ),
+        ),
+    ] = None
 
 
 class Autoscaling(Model):

@@ -4,13 +4,14 @@ A pod admitted while the webhook could not answer (operator down, certificate ch
 defaults for good; a pod with an old settings hash stays old when its rollout stalled. Such a pod is evicted
 after a grace period, one at a time: the next only once the last evicted pod is gone, and not faster than
 PACE_SECONDS, and the number of pods back where it was (its replacement, admitted through the webhook, is up)
-or a grace period passed. A stuck worker (lifecycle/stuck.py) goes the same way, one at a time, first.
+or a grace period passed. A stuck worker (lifecycle/stuck.py) goes the same way, one at a time, first. A busy pod
+(its deletion cost, or the tasks it runs, say so) is never evicted: its work would be thrown away.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 PACE_SECONDS = 10.0
 
@@ -40,9 +41,11 @@ def next_step(
     now: float,
     grace_seconds: float,
     stuck: Mapping[str, str] | None = None,
+    busy: Collection[str] = frozenset(),
 ) -> HealingStep:
     """`pods`: (name, settings hash) of the service's live pods; `config_hash` None: pods without the current
-    settings are left alone; `stuck`: pods found stuck (pod → why), due at once. Updates `memory`."""
+    settings are left alone; `stuck`: pods found stuck (pod → why), due at once; `busy`: pods never evicted.
+    Updates `memory`."""
     live = dict(pods)
     stale = {
         name: found
@@ -53,12 +56,12 @@ def next_step(
     replacement_pending = len(live) < memory.pods_at_eviction and now - memory.evicted_at < grace_seconds
     if memory.evicted in live or replacement_pending or now - memory.evicted_at < PACE_SECONDS:
         return HealingStep(None, "")  # one at a time: the last one gone and replaced first
-    stuck_due = sorted(name for name in stuck or {} if name in live)
+    stuck_due = sorted(name for name in stuck or {} if name in live and name not in busy)
     if stuck_due:
         pod = stuck_due[0]
         why = f"the worker is stuck: {(stuck or {})[pod]}"
     else:
-        due = [name for name, since in memory.stale_since.items() if now - since >= grace_seconds]
+        due = [name for name, since in memory.stale_since.items() if now - since >= grace_seconds and name not in busy]
         if not due:
             return HealingStep(None, "")
         pod = min(due, key=lambda name: (memory.stale_since[name], name))

@@ -70,7 +70,7 @@ def render(service: str, spec: CeleryEventServiceSpec) -> dict[str, Any]:
         # Per-service monitoring and remote-control exchanges: services on a vhost stay apart.
         "event_exchange": naming.event_exchange_name(service),
         "event_queue_prefix": naming.event_exchange_name(service),
-        "control_exchange": f"{service}:control",
+        "control_exchange": naming.control_exchange_name(service),
     }
     tuning = spec.workers.celery if spec.workers is not None else None
     if tuning is not None:

@@ -1,9 +1,10 @@
-"""Which worker pod holds which consumer of a service's handler queues (pure).
+"""What the broker says of each worker pod (pure): the consumers its connections hold, the Celery hostname its
+worker answers remote control under, the deliveries it holds unacknowledged.
 
-The broker lists consumers with the connection they are on; a connection is a pod's when it carries the name the
-injected settings give it (`naming.pod_connection_name`), or else when its peer address is the IP of exactly one of
-the service's pods. A pod with no consumer found is said to consume nothing only when no consumer of the handler
-queues could be its own: an unnamed connection from an address the pod shares leaves it unknown.
+The broker lists consumers and channels with the connection they are on; a connection is a pod's when it carries
+the name the injected settings give it (`naming.pod_connection_name`), or else when its peer address is the IP of
+exactly one of the service's pods. A pod with no consumer found is said to consume nothing only when no consumer of
+the handler queues could be its own: an unnamed connection from an address the pod shares leaves it unknown.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from celery_event_operator.core.naming import POD_CONNECTION_PREFIX
+from celery_event_operator.core.naming import POD_CONNECTION_PREFIX, pidbox_queue_suffix
 from celery_event_operator.core.service.pods import WorkerPod
 
 
@@ -24,6 +25,25 @@ class Consumer:
     connection_name: str | None  # the name the client gave its connection, when it gave one
 
 
+@dataclasses.dataclass(frozen=True)
+class Holding:
+    """A channel as the broker lists it: how many deliveries it holds unacknowledged."""
+
+    unacknowledged: int
+    peer_host: str | None
+    connection_name: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class OnBroker:
+    """What the broker's consumers say of one pod."""
+
+    consuming: bool | None  # holds a consumer of a handler queue (None: cannot tell)
+    # The Celery hostnames of the workers consuming on its connections (their remote-control queues
+    # `<hostname>.<control exchange>.pidbox`); empty when none is seen (or none can be told to be its own).
+    hostnames: frozenset[str] = frozenset()
+
+
 def pod_of_connection(name: str | None, namespace: str) -> str | None:
     """The pod a client-provided connection name says it belongs to, in `namespace`."""
     if not name or not name.startswith(POD_CONNECTION_PREFIX):
@@ -32,29 +52,77 @@ def pod_of_connection(name: str | None, namespace: str) -> str | None:
     return pod if found_namespace == namespace and pod else None
 
 
-def consuming(
-    consumers: Iterable[Consumer], handler_queues: frozenset[str], pods: Iterable[WorkerPod], namespace: str
-) -> dict[str, bool | None]:
-    """For each pod: does it hold a consumer on a handler queue (None: cannot tell)."""
+class _Owners:
+    """Which of the pods a connection (by its name, else its peer address) belongs to."""
+
+    SHARED = ""  # an unnamed connection from an address several pods share
+
+    def __init__(self, pods: Iterable[WorkerPod], namespace: str) -> None:
+        self.namespace = namespace
+        self.by_ip: dict[str, list[str]] = {}
+        self.names: set[str] = set()
+        for pod in pods:
+            self.names.add(pod.name)
+            if pod.ip:
+                self.by_ip.setdefault(pod.ip, []).append(pod.name)
+
+    def owner(self, connection_name: str | None, peer_host: str | None) -> str | None:
+        """The pod's name; SHARED when it cannot be told; None when it is none of the pods'."""
+        named = pod_of_connection(connection_name, self.namespace)
+        if named is not None:
+            return named if named in self.names else None
+        sharing = self.by_ip.get(peer_host or "", [])
+        if len(sharing) == 1:
+            return sharing[0]
+        return self.SHARED if sharing else None
+
+
+def on_broker(
+    consumers: Iterable[Consumer],
+    handler_queues: frozenset[str],
+    pods: Iterable[WorkerPod],
+    namespace: str,
+    control_exchange: str,
+) -> dict[str, OnBroker]:
+    """For each pod: does it hold a consumer on a handler queue, and under which Celery hostnames its worker
+    answers remote control."""
     pods = list(pods)
-    by_ip: dict[str, list[str]] = {}
-    for pod in pods:
-        if pod.ip:
-            by_ip.setdefault(pod.ip, []).append(pod.name)
-    names = {pod.name for pod in pods}
-    found: set[str] = set()
+    owners = _Owners(pods, namespace)
+    suffix = pidbox_queue_suffix(control_exchange)
+    consuming: set[str] = set()
+    hostnames: dict[str, set[str]] = {}
     unknown_ips: set[str] = set()
     for consumer in consumers:
-        if consumer.queue not in handler_queues:
+        owner = owners.owner(consumer.connection_name, consumer.peer_host)
+        if owner is None:
             continue
-        named = pod_of_connection(consumer.connection_name, namespace)
-        if named is not None:
-            if named in names:
-                found.add(named)
-            continue
-        sharing = by_ip.get(consumer.peer_host or "", [])
-        if len(sharing) == 1:
-            found.add(sharing[0])
-        elif sharing:
-            unknown_ips.add(consumer.peer_host or "")
-    return {pod.name: True if pod.name in found else (None if pod.ip in unknown_ips else False) for pod in pods}
+        if owner == _Owners.SHARED:
+            if consumer.queue in handler_queues:
+                unknown_ips.add(consumer.peer_host or "")
+        elif consumer.queue in handler_queues:
+            consuming.add(owner)
+        elif consumer.queue.endswith(suffix) and len(consumer.queue) > len(suffix):
+            hostnames.setdefault(owner, set()).add(consumer.queue[: -len(suffix)])
+    return {
+        pod.name: OnBroker(
+            True if pod.name in consuming else (None if pod.ip in unknown_ips else False),
+            frozenset(hostnames.get(pod.name, ())),
+        )
+        for pod in pods
+    }
+
+
+def unacknowledged(holdings: Iterable[Holding], pods: Iterable[WorkerPod], namespace: str) -> dict[str, int | None]:
+    """For each pod: how many deliveries its connections hold unacknowledged (None: cannot tell). With late
+    acknowledgement (the injected settings) a task running on a pod holds its message until it ends."""
+    pods = list(pods)
+    owners = _Owners(pods, namespace)
+    held: dict[str, int] = dict.fromkeys(owners.names, 0)
+    shared: set[str] = set()
+    for holding in holdings:
+        owner = owners.owner(holding.connection_name, holding.peer_host)
+        if owner == _Owners.SHARED:
+            shared.add(holding.peer_host or "")
+        elif owner is not None:
+            held[owner] += max(0, holding.unacknowledged)
+    return {pod.name: None if pod.ip in shared and not held[pod.name] else held[pod.name] for pod in pods}

@@ -28,3 +28,16 @@ def costs_to_write(wanted: dict[str, int], current: dict[str, str | None], *, li
     the costliest first (those matter most to the next scale-down)."""
     differing = {pod: cost for pod, cost in wanted.items() if (current.get(pod) or "0") != str(cost)}
     return dict(sorted(differing.items(), key=lambda item: (-item[1], item[0]))[:limit])
+
+
+def parsed(annotation: str | None) -> int:
+    """A pod's deletion-cost annotation as a number (Kubernetes' own rule: an int32; anything else counts as 0)."""
+    try:
+        return int(annotation) if annotation is not None else 0
+    except ValueError:
+        return 0
+
+
+def least_running_seconds(cost: int) -> float:
+    """How long, at least, the longest task of a pod of this cost has run (beyond the steps: the last step)."""
+    return STEPS[min(cost, len(STEPS)) - 1] if cost > 0 else 0.0

@@ -82,7 +82,13 @@ DESIRED_REPLICAS = Family(
 STUCK_WORKERS = Family(
     "celery_event_operator_stuck_workers",
     "gauge",
-    "Running worker pods that heartbeat but consume nothing while messages wait, or stopped heartbeating.",
+    "Running worker pods that are stuck: they consume nothing while messages wait, stopped heartbeating while they "
+    "run no task, or run a task past its limit.",
+)
+REPLACEMENT_PAUSED = Family(
+    "celery_event_operator_stuck_replacement_paused",
+    "gauge",
+    "1 while the replacing of stuck workers is paused: a replacement was stuck for the same reason (a loop).",
 )
 BROKER_ALARMS = Family(
     "celery_event_operator_broker_alarms",
@@ -123,6 +129,7 @@ SERVICE_FAMILIES = (
     REPLICAS,
     DESIRED_REPLICAS,
     STUCK_WORKERS,
+    REPLACEMENT_PAUSED,
     BROKER_ALARMS,
     CONSUMER_UP,
     CONSUMED,
@@ -299,6 +306,7 @@ class ServiceBlock:
             (REPLICAS, metrics.replicas),
             (DESIRED_REPLICAS, metrics.desired_replicas),
             (STUCK_WORKERS, metrics.stuck_workers),
+            (REPLACEMENT_PAUSED, None if metrics.replacement_paused is None else int(metrics.replacement_paused)),
             (BROKER_ALARMS, metrics.broker_alarms),
             (CONSUMER_UP, 1 if metrics.consumer_connected else 0),
             (CONSUMED, metrics.events_consumed),

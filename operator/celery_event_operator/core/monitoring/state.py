@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import json
 import math
 import re
@@ -25,7 +26,7 @@ from celery_event_operator.core.monitoring.bounds import (
     SeriesSettings,
     TaskBudget,
 )
-from celery_event_operator.core.monitoring.running import RunningTasks
+from celery_event_operator.core.monitoring.running import RunningTask, RunningTasks
 
 # Events whose counters are exported as celery_task_<kind>_total.
 TASK_EVENT_KINDS = ("sent", "received", "started", "succeeded", "failed", "rejected", "revoked", "retried")
@@ -193,6 +194,7 @@ class ServiceMetrics:
     replicas: _Exported[int | None] = _Exported()  # the workers' pods running (None: unknown)
     desired_replicas: _Exported[int | None] = _Exported()
     stuck_workers: _Exported[int | None] = _Exported()  # None: not judged
+    replacement_paused: _Exported[bool | None] = _Exported()  # replacing stuck workers paused (a loop); None: unjudged
     broker_alarms: _Exported[int | None] = _Exported()  # resource alarms of the service's broker; None: not seen
     consumer_connected: _Exported[bool] = _Exported()  # set by the events connection: is its consumer live?
 
@@ -215,6 +217,10 @@ class ServiceMetrics:
         self.worker_up: dict[str, int] = {}
         self.worker_active: dict[str, int] = {}
         self.last_heard: dict[str, float] = {}  # every worker admitted (bounds.py), when it was last heard from
+        # When each worker sent its last heartbeat (worker-online or worker-heartbeat); a worker run with
+        # --without-heartbeat never does: its silence tells nothing.
+        self.last_heartbeat: dict[str, float] = {}
+        self.first_heard: dict[str, float] = {}  # when each worker was first heard from (by this operator)
         self.events_consumed = 0
         self.malformed = 0
         self.dropped = 0  # well-formed events of no interest (types we do not count)
@@ -231,6 +237,7 @@ class ServiceMetrics:
         self._replicas: int | None = None  # the workers' pods running, and their desired number (None: unknown)
         self._desired_replicas: int | None = None
         self._stuck_workers: int | None = None  # None: not judged
+        self._replacement_paused: bool | None = None
         self._broker_alarms: int | None = None  # resource alarms of the service's broker; None: not seen
         self.running = RunningTasks()  # what each worker runs now: its pod's deletion cost
         self._consumer_connected = False
@@ -406,7 +413,16 @@ class ServiceMetrics:
         if kind == "started":
             self.running.started(uuid, worker, now)
         elif kind in ENDED_KINDS:
-            self.running.ended(uuid)
+            self.running.ended(uuid, worker)
+
+    def running_tasks(self, worker: str) -> list[RunningTask]:
+        """The tasks a worker runs that were seen starting, oldest first, named when their name is remembered."""
+        found = []
+        for task in self.running.tasks(worker):
+            remembered = self._tasks.get(task.uuid)
+            name = remembered[0] if remembered is not None and remembered[0] != UNKNOWN_TASK else None
+            found.append(dataclasses.replace(task, name=name))
+        return found
 
     def _observe(self, histogram: Histogram, key: CounterKey, value: float) -> None:
         series = (key[1], key[2], key[3])
@@ -490,11 +506,11 @@ class ServiceMetrics:
         """A hostname not heard from yet: a live pod of the service, or one of a few workers outside Kubernetes."""
         if worker not in (GENERIC_WORKER, OVERFLOW):
             if self._is_live_pod(worker, now):
-                self.last_heard[worker] = now
+                self.last_heard[worker] = self.first_heard[worker] = now
                 return True
             if len(self._outside) < bounds.MAX_WORKERS_OUTSIDE_PODS:
                 self._outside.add(worker)
-                self.last_heard[worker] = now
+                self.last_heard[worker] = self.first_heard[worker] = now
                 return True
         self._overflowed("hostname", worker)
         return False
@@ -578,11 +594,13 @@ class ServiceMetrics:
             self.running.forget(worker)
             return
         self.worker_up[worker] = 1
+        self.last_heartbeat[worker] = now
+        if kind == "online":
+            self.running.forget(worker)  # a worker (re)started runs nothing yet: its predecessor's tasks are over
         active = event.get("active")
         if isinstance(active, int) and not isinstance(active, bool) and active >= 0:
             self.worker_active[worker] = active
-            if active == 0:
-                self.running.forget(worker)  # it runs nothing: tasks whose end was not seen are over
+            self.running.active(worker, active, now)  # how many it runs: those not seen starting are the rest
 
     # --- garbage collection -----------------------------------------------------------------
 
@@ -597,7 +615,7 @@ class ServiceMetrics:
                 self.runtime.remove(key)
             else:
                 self.queue_wait.remove(key)
-        for per_worker in (self.worker_up, self.worker_active, self.last_heard):
+        for per_worker in (self.worker_up, self.worker_active, self.last_heard, self.last_heartbeat, self.first_heard):
             per_worker.pop(worker, None)
         self.running.forget(worker)
         self._outside.discard(worker)

@@ -22,6 +22,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceStatus, Cond
 from celery_event_operator.core.broker.alarms import Alarm, describe
 from celery_event_operator.core.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
 from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.lifecycle.stuck import healthy_message
 from celery_event_operator.core.monitoring import report
 from celery_event_operator.core.scaling.depths import counters
 from celery_event_operator.core.service.observations import (
@@ -75,6 +76,7 @@ class Announced:
     scaling_failure: str | None = None  # why the last change of replicas was refused
     monitoring_failure: bool = False  # the events consumer's own failure
     stuck: frozenset[str] = frozenset()  # the pods announced stuck (one Event each, per episode)
+    paused: str | None = None  # the pause of the replacing announced (one Event per pause)
     overflowed: frozenset[str] = frozenset()  # the metric labels announced past their bound (one Event in all)
     settings_unavailable: str | None = None  # the Secret has not been readable for long (the API's fault)
 
@@ -393,18 +395,23 @@ def _scaling(
 
 
 def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announced) -> Announced:
-    """WorkersHealthy: do the Running workers heartbeat and consume? One Warning per pod found stuck."""
+    """WorkersHealthy: does each Running worker work (what was checked, said as such)? One Warning per pod found
+    stuck, one when replacing pauses."""
     if lifecycle.unchecked is not None:
         state.set(WORKERS_HEALTHY, "Unknown", "NotChecked", lifecycle.unchecked, announce=False)
         return announced
-    if not lifecycle.stuck:
-        message = f"{lifecycle.judged} running workers heartbeat and consume"
-        state.set(WORKERS_HEALTHY, "True", "WorkersHealthy", message)
-        return dataclasses.replace(announced, stuck=frozenset())
-    stuck = lifecycle.stuck
+    judgement = lifecycle.judgement
+    if not judgement.stuck:
+        state.set(WORKERS_HEALTHY, "True", "WorkersHealthy", healthy_message(judgement, lifecycle.threshold))
+        return dataclasses.replace(announced, stuck=frozenset(), paused=None)
+    stuck = judgement.stuck
     message = "; ".join(f"{worker.pod}: {worker.why}" for worker in stuck[:STUCK_NAMED])
     if len(stuck) > STUCK_NAMED:
         message += f"; and {len(stuck) - STUCK_NAMED} more (celery_event_operator_stuck_workers)"
+    if judgement.paused is not None:
+        message = f"{judgement.paused}. {message}"
+        if announced.paused is None:
+            state.events.append(EventNote("Warning", "ReplacementPaused", judgement.paused))
     state.set(WORKERS_HEALTHY, "False", "WorkersStuck", message, announce=False)
     new = [worker for worker in stuck if worker.pod not in announced.stuck]
     for worker in new[:STUCK_EVENTS_PER_PASS]:
@@ -412,7 +419,7 @@ def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announce
     # The pods not announced yet (beyond the pass's Events) are announced in the next passes.
     announced_now = {worker.pod for worker in stuck if worker.pod in announced.stuck}
     announced_now |= {worker.pod for worker in new[:STUCK_EVENTS_PER_PASS]}
-    return dataclasses.replace(announced, stuck=frozenset(announced_now))
+    return dataclasses.replace(announced, stuck=frozenset(announced_now), paused=judgement.paused)
 
 
 def _monitoring(state: _Conditions, monitoring: MonitoringSeen, announced: Announced) -> Announced:

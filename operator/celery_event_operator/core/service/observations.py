@@ -14,7 +14,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.errors import InvalidSpecError
 from celery_event_operator.core.injection.outcome import WorkersOutcome
-from celery_event_operator.core.lifecycle.stuck import StuckWorker
+from celery_event_operator.core.lifecycle.stuck import Judgement, StuckWorker
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.outcome import DeclareOutcome
@@ -66,12 +66,17 @@ class MonitoringSeen:
 @dataclasses.dataclass(frozen=True)
 class LifecycleSeen:
     """The workers' lifecycle: which Running pods on the current settings are stuck (judged only on what is known),
-    and the deletion costs written."""
+    the deletion costs written, and the pods that are busy (never evicted)."""
 
-    judged: int  # pods judged
-    stuck: tuple[StuckWorker, ...] = ()
+    judgement: Judgement
+    threshold: float  # stuckAfterSeconds
     unchecked: str | None = None  # why the pods were not judged this pass
     costs_written: int = 0
+    busy: frozenset[str] = frozenset()  # pods whose deletion cost says they are busy
+
+    @property
+    def stuck(self) -> tuple[StuckWorker, ...]:
+        return self.judgement.stuck if self.unchecked is None else ()
 
 
 @dataclasses.dataclass(frozen=True)

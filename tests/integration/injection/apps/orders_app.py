@@ -28,6 +28,10 @@ def on_order_created(self, order_id, behaviour="ok"):
         os._exit(1)  # a poison message: the worker process dies on it every time
     if behaviour == "slow":
         time.sleep(0.02)  # the handler's own work (not a wait): a worker killed mid-run has tasks in flight
+    if behaviour.startswith("hang-once:"):  # hangs on its first delivery only (the replacement runs it at once)
+        marker = f"{os.environ['HANDLER_LOG']}.hung-{order_id}"
+        behaviour = "ok" if os.path.exists(marker) else "long:" + behaviour[10:]
+        open(marker, "a").close()
     if behaviour.startswith("long:"):  # a task that runs for seconds: a worker stopped meanwhile
         record(order_id=order_id, phase="started", retries=self.request.retries, exchange=None)
         time.sleep(float(behaviour[5:]))
@@ -40,3 +44,14 @@ def on_order_created(self, order_id, behaviour="ok"):
         raise KeyError("always fails")
     if behaviour == "flaky-once" and self.request.retries == 0:
         raise ValueError("fails the first time")
+
+
+if os.environ.get("ORDERS_PAID"):  # a second event, for a service that declares its queue too
+
+    @app.event("orders.order.paid")
+    def order_paid(order_id):
+        """An order was paid."""
+
+    @app.handler("orders.order.paid")
+    def on_order_paid(order_id):
+        record(order_id=order_id, paid=True)
