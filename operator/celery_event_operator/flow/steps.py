@@ -266,7 +266,7 @@ async def _observe_pods(
             for pod in pods:
                 deliveries = held[pod.name]
                 if deliveries is not None:
-                    metrics.running.holds(pod.name, deliveries, since=metrics.last_heard.get(pod.name, now))
+                    metrics.running.holds(pod.name, deliveries, since=metrics.last_heard.get(pod.name, now), now=now)
             facts = [dataclasses.replace(_facts(pod, metrics), broker=seen[pod.name], unacknowledged=held[pod.name])
                      for pod in pods]  # fmt: skip
     except ManagementUnavailableError:
@@ -286,7 +286,7 @@ def _facts(pod: WorkerPod, metrics: ServiceMetrics) -> stuck.PodFacts:
         pod.name,
         template=pod.template,
         tasks=tuple(metrics.running_tasks(pod.name)),
-        unseen_since=unseen[1] if unseen is not None else None,
+        unseen_since=unseen[2] if unseen is not None else None,
         last_heard=metrics.last_heard.get(pod.name),
         first_heard=metrics.first_heard.get(pod.name),
         last_heartbeat=metrics.last_heartbeat.get(pod.name),
@@ -317,7 +317,7 @@ def _deletion_costs(
         late = {task.uuid for task in stuck.overdue(tasks, limit, now)}
         ages = [now - task.started_at for task in tasks if task.uuid not in late]
         unseen = metrics.running.unseen(pod.name)
-        if unseen is not None and (limit is None or now - unseen[1] <= limit.seconds):
+        if unseen is not None and (limit is None or now - unseen[2] <= limit.seconds):
             ages.append(now - unseen[1])
         wanted[pod.name] = costs.deletion_cost(ages)
     return wanted

@@ -250,14 +250,16 @@ async def test_a_busy_pod_is_judged_by_its_tasks_and_its_hung_task_is_confirmed_
     broker.holding_answer = (Holding(1, "10.0.0.1", "celeryevents.io/pod=shop/solo"),)
     seen = await judge(100.0)
     [hung] = seen.stuck
-    assert hung.why == "task (name unknown) (t-1) has run 100 s, past its limit of 90 s (workers.maxTaskRuntimeSeconds)"
+    assert hung.why == (
+        "task (name unknown) (t-1) has run 100.0 s, past its limit of 90 s (workers.maxTaskRuntimeSeconds)"
+    )
     assert hung.replace
     assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "solo", {DELETION_COST_ANNOTATION: "0"})
     assert seen.busy == frozenset(), "a hung task is no work to keep"
     broker.holding_answer = (Holding(0, "10.0.0.1", "celeryevents.io/pod=shop/solo"),)
     [ended] = (await judge(110.0)).stuck
     assert not ended.replace, "the broker shows no delivery held: its end was not seen"
-    assert ended.why.startswith("task (name unknown) (t-1) has run 100 s"), "the age when found: a stable message"
+    assert ended.why.startswith("task (name unknown) (t-1) has run 100.0 s"), "the age when found: a stable message"
 
 
 async def test_a_deletion_cost_written_before_a_restart_is_believed_until_evidence() -> None:

@@ -127,7 +127,7 @@ def test_running_tasks_are_tracked_per_worker_and_bounded_the_forgotten_still_co
     running.started("t4", "b", 7.0)
     running.started("t5", "b", 8.0)  # over the limit: the oldest start goes, counted as a task not seen starting
     assert running.workers() == {"a", "b"}
-    assert running.unseen("a") == (1, 5.0)
+    assert running.unseen("a") == (1, 5.0, 5.0)
     assert [task.uuid for task in running.tasks("a")] == []
     running.ended("t-unknown", "a")  # a task of a not seen starting ended: it runs nothing more
     assert running.workers() == {"b"}
@@ -139,7 +139,7 @@ def test_what_a_worker_runs_is_known_from_its_heartbeats_and_believed_from_its_d
     running = RunningTasks()
     running.started("t1", "a", 0.0)
     running.active("a", 3, 10.0)  # it says 3: two were not seen starting (an operator restart)
-    assert running.unseen("a") == (2, 10.0)
+    assert running.unseen("a") == (2, 10.0, 10.0)
     running.active("a", 1, 12.0)
     assert running.unseen("a") is None
     assert [task.uuid for task in running.tasks("a")] == ["t1"]
@@ -148,6 +148,10 @@ def test_what_a_worker_runs_is_known_from_its_heartbeats_and_believed_from_its_d
     running.assume_busy("b", 3.0)  # its deletion cost, written before a restart
     assert running.elapsed(20.0) == {"b": [17.0]}
     running.active("b", 0, 21.0)
+    assert running.workers() == set()
+    running.holds("c", 1, since=30.0, now=36.0)  # a delivery held: a task begun after it was last heard (at 30)
+    assert running.unseen("c") == (1, 30.0, 36.0), "about since 30 (its cost), surely since 36 (what is judged)"
+    running.holds("c", 0, since=30.0, now=40.0)
     assert running.workers() == set()
 
 
@@ -246,7 +250,7 @@ def test_a_task_past_its_limit_is_reported_with_its_name_age_and_limit_and_repla
     running = {"tasks": (RunningTask("0123456789ab", 0.0, "orders.created"),), "last_heard": 0.0}
     assert judged(memory, 0.0, *three(0.0, **running)) == []
     assert judged(memory, 90.0, *three(90.0, **running, unacknowledged=1)) == []
-    hung = "b: task orders.created (01234567) has run 95 s, past its limit of 90 s (workers.maxTaskRuntimeSeconds)"
+    hung = "b: task orders.created (01234567) has run 95.0 s, past its limit of 90 s (workers.maxTaskRuntimeSeconds)"
     assert judged(memory, 95.0, *three(95.0, **running, unacknowledged=1)) == [hung]
     assert judged(memory, 99.0, *three(99.0, **running, unacknowledged=1)) == [hung], "the age when found: stable"
     assert judged(memory, 100.0, *three(100.0, **running, unacknowledged=0)) == [
@@ -394,7 +398,7 @@ def test_a_replacement_stuck_for_the_same_reason_pauses_the_replacing_until_the_
     assert found.paused is not None
     assert found.paused.startswith(
         "replacing paused: b started after a was evicted for the same reason less than 10 minutes ago, and is stuck "
-        "too (task orders.created (t-1) has run 95 s"
+        "too (task orders.created (t-1) has run 95.0 s"
     )
     again = judge(memory, [pod("b", 300.0, template="v1", **replacement)], waiting=1, heartbeats_known=True, now=300.0,
                   threshold=THRESHOLD, limit=LIMIT)  # fmt: skip

@@ -88,7 +88,7 @@ class PodFacts:
     template: str | None = None  # its workload's pod template revision
     tasks: tuple[RunningTask, ...] = ()  # the tasks it runs that were seen starting
     # It runs tasks its events did not show starting (its deletion cost said so, its heartbeat counted more, or it
-    # holds deliveries on the broker), since about then (None: none).
+    # holds deliveries on the broker), since then at the latest (None: none).
     unseen_since: float | None = None
     last_heard: float | None = None  # its last event of any kind (None: never heard)
     first_heard: float | None = None
@@ -263,12 +263,12 @@ def _judge_tasks(
     past = f"past its limit of {limit.seconds:.0f} s ({limit.source})"
     if task is not None:
         name = task.name or "(name unknown)"
-        why = f"task {name} ({task.uuid[:8]}) has run {age:.0f} s, {past}"
+        why = f"task {name} ({task.uuid[:8]}) has run {age:.1f} s, {past}"
     else:
         name = "?"
         why = (
             f"runs a task its events do not show (the solo pool sends them when a task ends; the pod holds a "
-            f"delivery on the broker) for about {age:.0f} s, {past}"
+            f"delivery on the broker) for at least {age:.1f} s, {past}"
         )
     cause = f"hung:{name}"
     if pod.unacknowledged is None:

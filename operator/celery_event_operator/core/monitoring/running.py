@@ -28,7 +28,8 @@ class RunningTask:
 @dataclasses.dataclass
 class _Unseen:
     count: int  # tasks running that were not seen starting
-    since: float  # running since at least then
+    since: float  # running since about then (the earliest it may have begun: what its deletion would throw away)
+    surely_since: float  # running since then at the latest (how long it surely ran: what may be judged)
 
 
 class RunningTasks:
@@ -72,20 +73,23 @@ class RunningTasks:
             self._unseen.pop(worker, None)
         else:
             unseen = self._unseen.get(worker)
-            self._unseen[worker] = _Unseen(count - known, unseen.since if unseen is not None else now)
+            since = (unseen.since, unseen.surely_since) if unseen is not None else (now, now)
+            self._unseen[worker] = _Unseen(count - known, *since)
 
-    def assume_busy(self, worker: str, since: float) -> None:
+    def assume_busy(self, worker: str, since: float, surely_since: float | None = None) -> None:
         """Something outside the events says the worker runs a task (its pod's deletion cost, written before the
-        operator restarted): believed until evidence says otherwise."""
+        operator restarted; the deliveries it holds): believed until evidence says otherwise. It began about
+        `since`, and at the latest at `surely_since` (by default the same)."""
         if worker not in self._of_worker and worker not in self._unseen:
-            self._unseen[worker] = _Unseen(1, since)
+            self._unseen[worker] = _Unseen(1, since, since if surely_since is None else surely_since)
 
-    def holds(self, worker: str, deliveries: int, since: float) -> None:
+    def holds(self, worker: str, deliveries: int, since: float, now: float) -> None:
         """The broker says the worker holds `deliveries` unacknowledged (late acknowledgement: one per task it runs).
         Holding some while running nothing known: it runs a task its events do not show yet (the solo pool sends them
-        when the task ends), since about `since`; holding none: it runs no task not seen starting."""
+        when the task ends), begun about `since` (after the last event heard of it) and surely by `now`; holding
+        none: it runs no task not seen starting."""
         if deliveries > 0:
-            self.assume_busy(worker, since)
+            self.assume_busy(worker, since, now)
         else:
             self._unseen.pop(worker, None)
 
@@ -94,10 +98,11 @@ class RunningTasks:
         found = [self._started[uuid][1] for uuid in self._of_worker.get(worker, ())]
         return sorted(found, key=lambda task: task.started_at)
 
-    def unseen(self, worker: str) -> tuple[int, float] | None:
-        """(How many tasks not seen starting the worker runs, since at least when); None: none."""
+    def unseen(self, worker: str) -> tuple[int, float, float] | None:
+        """(How many tasks not seen starting the worker runs, since about when, since when at the latest); None:
+        none."""
         found = self._unseen.get(worker)
-        return (found.count, found.since) if found is not None else None
+        return (found.count, found.since, found.surely_since) if found is not None else None
 
     def workers(self) -> set[str]:
         """The workers running anything."""
@@ -114,10 +119,11 @@ class RunningTasks:
     def _add_unseen(self, worker: str, count: int, since: float) -> None:
         unseen = self._unseen.get(worker)
         if unseen is None:
-            self._unseen[worker] = _Unseen(count, since)
+            self._unseen[worker] = _Unseen(count, since, since)
         else:
             unseen.count += count
             unseen.since = min(unseen.since, since)
+            unseen.surely_since = min(unseen.surely_since, since)
 
     def _drop(self, uuid: str) -> bool:
         found = self._started.pop(uuid, None)
