@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_event_operator.core import options as options_module
+from celery_event_operator.core.lifecycle.long_tasks import DEFAULT_BROKER_CONSUMER_TIMEOUT_SECONDS
 from celery_event_operator.core.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
 from celery_event_operator.core.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 from celery_event_operator.core.options import OperatorOptions, WebhookOptions
@@ -81,6 +82,7 @@ def operator_options(args: argparse.Namespace) -> OperatorOptions:
         shard_count=getattr(args, "shard_count", 1),
         peering=getattr(args, "peering", None),
         priority=_priority(getattr(args, "priority", None)),
+        broker_consumer_timeout_seconds=args.broker_consumer_timeout,
     )
 
 
@@ -118,6 +120,13 @@ def add_operator_options(parser: argparse.ArgumentParser, default_addr: str) -> 
         default=DEFAULT_MAX_TASK_NAMES,
         help="most task names with series of their own per service (the others count under "
         'name="__overflow__"), for the services whose spec.monitoring.maxTaskNames is unset',
+    )
+    parser.add_argument(
+        "--broker-consumer-timeout",
+        type=_positive_int,
+        default=DEFAULT_BROKER_CONSUMER_TIMEOUT_SECONDS,
+        help="the brokers' delivery-acknowledgement timeout in seconds (rabbitmq.conf consumer_timeout; RabbitMQ's "
+        "default is 1800): a task longer than it runs twice, on brokers older than 3.11.15",
     )
     parser.add_argument("--webhook-port", type=int, default=9443, help="HTTPS port of the admission webhook (0: none)")
     parser.add_argument("--webhook-addr", default=default_addr, help="address the webhook listens on")

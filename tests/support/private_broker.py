@@ -26,11 +26,14 @@ class PrivateRabbit:
         tls: tuple[pathlib.Path, pathlib.Path] | None = None,
         client_ca: pathlib.Path | None = None,
         management: bool = False,
+        consumer_timeout_seconds: int | None = None,
     ) -> None:
         """`tls`: a certificate (also the CA) and its key, for an amqps:// listener beside the plain one;
         `client_ca`: the listener then requires a client certificate signed by it; `management`: the management
-        API on a port of its own (`management_url`)."""
+        API on a port of its own (`management_url`); `consumer_timeout_seconds`: the delivery-acknowledgement
+        timeout (rabbitmq.conf `consumer_timeout`; 30 minutes by default)."""
         self.base = base
+        self.consumer_timeout_seconds = consumer_timeout_seconds
         self.client_ca = client_ca
         self.name = f"ceo-private-{secrets.token_hex(3)}@localhost"
         self.port = free_port()
@@ -49,6 +52,7 @@ class PrivateRabbit:
             "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.base / "advanced.config"),
             "RABBITMQ_MNESIA_BASE": str(self.base / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.base / "log"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
@@ -59,6 +63,12 @@ class PrivateRabbit:
         for directory in ("mnesia", "log"):
             (self.base / directory).mkdir(parents=True, exist_ok=True)
         config = f"listeners.tcp.local = 127.0.0.1:{self.port}\nloopback_users = none\n"
+        advanced = "[]."
+        if self.consumer_timeout_seconds is not None:
+            config += f"consumer_timeout = {self.consumer_timeout_seconds * 1000}\n"
+            # The broker checks the timeout at each channel tick, every minute by default: each second here.
+            advanced = "[{rabbit, [{channel_tick_interval, 1000}]}]."
+        (self.base / "advanced.config").write_text(advanced + "\n")
         if self.tls is not None:
             certificate, key = (shutil.copy(path, self.base / path.name) for path in self.tls)
             authorities = self.base / "ca.pem"

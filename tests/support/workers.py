@@ -8,6 +8,7 @@ volume written to a directory that stands in for the mount path.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import pathlib
 import signal
@@ -46,8 +47,9 @@ class Worker:
 
     def start(self, timeout: float = 60) -> Worker:
         log = self.log_path.open("ab")
+        # A session of its own, as a container's processes: a SIGKILL ends the pool's children with it.
         self.process = subprocess.Popen(
-            self.command, cwd=self.app_dir, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            self.command, cwd=self.app_dir, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         started_at = self.log_path.stat().st_size
 
@@ -87,8 +89,10 @@ class Worker:
         )
 
     def kill(self) -> None:
+        """SIGKILL to every process of the worker (its pool's children too), as a container's end."""
         assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(10)
 
     def terminate(self, timeout: float = 40) -> int:
@@ -96,6 +100,17 @@ class Worker:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)
+
+    def stop_as_kubelet(self, grace_seconds: float) -> int | None:
+        """What a kubelet does to a deleted pod: SIGTERM, then SIGKILL once its grace period passed; the exit code
+        (None: killed)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(grace_seconds)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from celery_event_operator.core.lifecycle.long_tasks import DEFAULT_BROKER_CONSUMER_TIMEOUT_SECONDS
 from celery_event_operator.core.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
 from celery_event_operator.core.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 
@@ -45,6 +46,8 @@ class OperatorOptions:
     shard_count: int = 1  # >1: this operator keeps only the services that hash to its shard
     peering: str | None = None  # kopf peering of the replicas: the one of highest priority reconciles
     priority: int = 0
+    # The brokers' delivery-acknowledgement timeout (rabbitmq.conf `consumer_timeout`): it cannot be read remotely.
+    broker_consumer_timeout_seconds: int = DEFAULT_BROKER_CONSUMER_TIMEOUT_SECONDS
 
     def owns(self, namespace: str | None, name: str | None) -> bool:
         """Whether this operator's shard keeps the resource (every replica's webhook still serves all of them)."""

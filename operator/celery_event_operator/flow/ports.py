@@ -46,6 +46,9 @@ class ServiceBroker(Protocol):
     def display(self) -> str: ...  # host:port and vhost, for messages
 
     @property
+    def version(self) -> str | None: ...  # the broker's, as it said when last connected
+
+    @property
     def events(self) -> EventsFeed: ...
 
     async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:

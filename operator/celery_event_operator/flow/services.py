@@ -168,6 +168,9 @@ class ServiceKeeper:
             queues, scaling = await self._count(found, broker, pods, live)
             alarms = await self._alarms(found, broker)
             lifecycle = await self._lifecycle(found, broker, live, queues, alarms)
+            metrics, now = self.context.metrics.find(self.namespace, found.service), time.monotonic()
+            grace = steps.grace(found, metrics, now)
+            timeout = self.context.options.broker_consumer_timeout_seconds
             seen = Observations(
                 specs.generation_of(body),
                 found.spec,
@@ -178,6 +181,8 @@ class ServiceKeeper:
                 monitoring=self._monitoring(found, broker),
                 overflowing=self._overflowing(found),
                 alarms=alarms,
+                grace=grace,
+                run_once=steps.run_once(found, broker, metrics, grace=grace, broker_timeout=timeout, now=now),
             )
             conclusion = self._conclude(body, seen)
             await self._write(body, conclusion, {}, None)

@@ -21,7 +21,9 @@ from celery_event_operator.core.errors import (
     OperatorError,
 )
 from celery_event_operator.core.injection import healing
-from celery_event_operator.core.lifecycle import consumers, costs, stuck
+from celery_event_operator.core.lifecycle import consumers, costs, long_tasks, stuck
+from celery_event_operator.core.lifecycle import grace as graces
+from celery_event_operator.core.lifecycle.grace import Grace
 from celery_event_operator.core.lifecycle.stuck import StuckMemory
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.scaling import policy
@@ -236,6 +238,45 @@ async def keep_lifecycle(
         unchecked=unchecked or judgement.unchecked,
         costs_written=written,
         busy=_busy(pods, wanted, memory),
+    )
+
+
+def grace(understood: Understood, metrics: ServiceMetrics | None, now: float) -> Grace | None:
+    """The grace period the service's new worker pods get for their tasks (None: the service has no workers)."""
+    workers = understood.spec.workers
+    if workers is None:
+        return None
+    elapsed = [age for ages in metrics.running.elapsed(now).values() for age in ages] if metrics is not None else []
+    return graces.grace(
+        max_task_runtime=workers.max_task_runtime_seconds,
+        time_limit=workers.celery.time_limit_seconds if workers.celery is not None else None,
+        observed=metrics.runtimes.percentile(graces.PERCENTILE, now) if metrics is not None else None,
+        longest_running=max(elapsed, default=None),
+        maximum=workers.max_grace_period_seconds,
+    )
+
+
+def run_once(
+    understood: Understood,
+    broker: ServiceBroker,
+    metrics: ServiceMetrics | None,
+    *,
+    grace: Grace | None,
+    broker_timeout: int,
+    now: float,
+) -> long_tasks.RunOnce | None:
+    """Do the service's tasks run once: the re-runs seen lately, and the runtimes against the broker's
+    acknowledgement timeout in effect (which the events path is told, to name a re-run's cause). None: no events."""
+    if metrics is None:
+        return None
+    asked = long_tasks.consumer_timeout_seconds(understood.spec.workers)
+    timeout = long_tasks.ack_timeout(broker.version, broker_timeout, asked)
+    metrics.ack_timeout_seconds = timeout.seconds
+    return long_tasks.run_once(
+        metrics.reruns.since(now - long_tasks.RECENT_SECONDS),
+        timeout=timeout,
+        observed=metrics.runtimes.percentile(graces.PERCENTILE, now),
+        grace=grace.seconds if grace is not None else None,
     )
 
 

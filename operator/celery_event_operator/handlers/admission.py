@@ -35,6 +35,8 @@ async def inject_settings(
     changes = pod.changes(body, found)
     patch.spec["containers"] = changes.containers
     patch.spec["volumes"] = changes.volumes
+    if changes.grace_seconds is not None:
+        patch.spec["terminationGracePeriodSeconds"] = changes.grace_seconds
     for key, value in changes.annotations.items():
         patch.metadata.annotations[key] = value
 

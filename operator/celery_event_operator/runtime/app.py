@@ -48,6 +48,7 @@ class EventsSettings:
     archive_exchange: str | None = None
     queue_type: str = "classic"
     vhost: str | None = None
+    consumer_timeout_seconds: int | None = None  # how long a delivery may stay unacknowledged (asked per consumer)
 
     @property
     def max_retries(self) -> int:
@@ -63,6 +64,7 @@ class EventsSettings:
             archive_exchange=data.get("archive_exchange"),
             queue_type=data.get("queue_type", "classic"),
             vhost=data.get("vhost"),
+            consumer_timeout_seconds=data.get("consumer_timeout_seconds"),
         )
 
     @classmethod
@@ -257,6 +259,13 @@ class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
                     # Never declared from here; the type tells Celery to use per-consumer QoS, which is all a
                     # quorum queue supports (global QoS: 540 NOT_IMPLEMENTED on basic.consume).
                     queue_arguments={"x-queue-type": "quorum"} if events.queue_type == "quorum" else None,
+                    # A long task keeps its delivery unacknowledged (late acks): the broker must not give it to
+                    # another worker meanwhile (RabbitMQ 3.11.15+ honours this; older ones ignore it).
+                    consumer_arguments=(
+                        {"x-consumer-timeout": events.consumer_timeout_seconds * 1000}
+                        if events.consumer_timeout_seconds
+                        else None
+                    ),
                 )
             )
         self.conf.task_queues = queues

@@ -45,6 +45,7 @@ class FakeBroker:
     def __init__(self, settings: BrokerSettings = SETTINGS) -> None:
         self.key = settings.key
         self.display = settings.address.display
+        self.version: str | None = "3.10.8"
         self.events = FakeEvents()
         self.declares: list[tuple[str, bool]] = []  # service, remove
         self.declare_failure: OperatorError | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -36,7 +37,6 @@ def test_every_container_gets_env_and_mount() -> None:
             "CELERY_EVENTS_SETTINGS",
             "CELERY_WORKER_WITHOUT_MINGLE",
             "CELERY_WORKER_WITHOUT_GOSSIP",
-            "REMAP_SIGTERM",
             "CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS",
             "CELERY_EVENTS_POD_NAME",
             "CELERY_EVENTS_POD_NAMESPACE",
@@ -50,15 +50,30 @@ def test_every_container_gets_env_and_mount() -> None:
 
 
 @pytest.mark.parametrize(
-    ("grace", "soft"), [(None, "25"), (30, "25"), (120, "115"), (6, "1"), (3, "1"), (1, "0"), (0, "0")]
+    ("own", "service", "grace", "soft"),
+    [
+        pytest.param(None, None, None, "25", id="kubernetes-default"),
+        pytest.param(30, None, None, "25", id="as-set"),
+        pytest.param(None, 600, 600, "595", id="raised-to-the-services"),
+        pytest.param(900, 600, None, "895", id="a-longer-own-one-is-kept"),
+        pytest.param(6, None, None, "1", id="short"),
+        pytest.param(1, None, None, "0", id="one-second"),
+        pytest.param(0, None, None, "0", id="none"),
+    ],
 )
-def test_soft_shutdown_fits_the_pods_grace_period(grace: int | None, soft: str) -> None:
+def test_the_grace_period_covers_the_services_tasks_and_is_never_lowered(
+    own: int | None, service: int | None, grace: int | None, soft: str
+) -> None:
+    """SIGTERM is Celery's warm shutdown (it exits once its tasks ended): the grace period is what covers them. A pod
+    that maps SIGTERM to the cold shutdown itself gets a soft shutdown within it."""
     worker = a_pod({"name": "worker"})
-    if grace is not None:
-        worker["spec"]["terminationGracePeriodSeconds"] = grace
-    [container] = pod.changes(worker, INJECTION).containers
+    if own is not None:
+        worker["spec"]["terminationGracePeriodSeconds"] = own
+    changes = pod.changes(worker, dataclasses.replace(INJECTION, grace_seconds=service))
+    assert changes.grace_seconds == grace
+    [container] = changes.containers
     env = {variable["name"]: variable.get("value") for variable in container["env"]}
-    assert env["REMAP_SIGTERM"] == "SIGQUIT", "SIGTERM starts Celery's cold shutdown, with the soft one first"
+    assert "REMAP_SIGTERM" not in env, "SIGTERM stays Celery's warm shutdown"
     assert env["CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"] == soft
 
 

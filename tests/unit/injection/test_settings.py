@@ -63,7 +63,24 @@ def test_entity_names_for_the_runtime() -> None:
         "archive_exchange": "s:archived",
         "queue_type": "classic",
         "vhost": None,
+        "consumer_timeout_seconds": None,
     }
+
+
+@pytest.mark.parametrize(
+    ("workers", "seconds"),
+    [
+        pytest.param({}, 3660, id="the-longest-grace-period"),
+        pytest.param({"maxGracePeriodSeconds": 7200}, 7260, id="a-longer-grace-period"),
+        pytest.param({"celery": {"timeLimitSeconds": 600}}, 690, id="the-time-limit-and-the-pools-margin"),
+        pytest.param({"maxTaskRuntimeSeconds": 900, "celery": {"timeLimitSeconds": 600}}, 960, id="the-users-limit"),
+    ],
+)
+def test_the_workers_ask_the_broker_to_wait_for_their_tasks(workers: dict[str, Any], seconds: int) -> None:
+    """Per consumer of the handler queues (x-consumer-timeout, RabbitMQ 3.11.15 and later): the tasks' limit."""
+    target = {"scaleTargetRef": {"name": "w"}}
+    rendered = settings.render("s", spec(workers=target | workers))
+    assert rendered["celery_events"]["consumer_timeout_seconds"] == seconds
 
 
 def test_tuning_overrides() -> None:

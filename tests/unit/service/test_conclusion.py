@@ -24,6 +24,8 @@ from celery_event_operator.core.errors import (
     UnsupportedOperationError,
 )
 from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.lifecycle.grace import Grace
+from celery_event_operator.core.lifecycle.long_tasks import RunOnce
 from celery_event_operator.core.lifecycle.stuck import Judgement, StuckWorker
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.conclusion import (
@@ -709,3 +711,31 @@ def test_an_overflow_is_announced_again_after_the_series_started_afresh() -> Non
         [],
         [("Warning", "MetricLabelsOverflowed")],
     ]
+
+
+def test_tasks_run_once_says_each_cause_of_reruns_once_and_the_grace_period_goes_into_status() -> None:
+    rerun = RunOnce(False, "TasksRerun", "in the last hour, tasks ran twice — 1 …", frozenset({"ack_timeout"}))
+    more = RunOnce(False, "TasksRerun", "in the last hour, tasks ran twice — 2 …", frozenset({"ack_timeout"}))
+    both = RunOnce(
+        False, "TasksRerun", "in the last hour, tasks ran twice — 3 …", frozenset({"ack_timeout", "pod_stopped"})
+    )
+    fine = RunOnce(True, "RunOnce", "no task was started again in the last hour")
+    grace = Grace(600, "99 % of the tasks of the last hour ran within 512 s, and 10 s for the worker to exit")
+    found = run(*(status_passed(run_once=seen, grace=grace) for seen in (fine, rerun, more, both, fine, rerun)))
+    assert [conditions(c)["TasksRunOnce"] for c in found] == [
+        ("True", "RunOnce"),
+        *[("False", "TasksRerun")] * 3,
+        ("True", "RunOnce"),
+        ("False", "TasksRerun"),
+    ]
+    assert [events(c) for c in found] == [
+        [],
+        [("Warning", "TasksRerun")],
+        [],
+        [("Warning", "TasksRerun")],
+        [],
+        [("Warning", "TasksRerun")],
+    ], "one Warning per cause, per episode"
+    assert (found[0].status.grace_period_seconds, found[0].status.grace_period_basis) == (600, grace.basis)
+    warned = run(status_passed(run_once=RunOnce(False, "AckTimeoutTooShort", "tasks will run twice: …")))
+    assert events(warned[0]) == [("Warning", "AckTimeoutTooShort")]

@@ -50,6 +50,10 @@ class Broker:
     def display(self) -> str:
         return self.settings.address.display
 
+    @property
+    def version(self) -> str | None:
+        return self.control.server_version
+
     async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
         """Apply the service's plan (or, with `remove`, delete its empty entities) on the control connection."""
         operation = apply.delete if remove else apply.apply

@@ -65,6 +65,7 @@ class ControlConnection:
         self._backoff = Backoff()
         self._last_error = ""
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.server_version: str | None = None  # as the broker said when last connected
 
     async def run_async(self, work: Callable[[Connection], T]) -> T:
         """`run` on this broker's own thread."""
@@ -135,6 +136,8 @@ class ControlConnection:
             with contextlib.suppress(*CONNECTION_ERRORS):
                 connection.release()
             raise
+        version = (connection.connection.server_properties or {}).get("version")
+        self.server_version = version.decode() if isinstance(version, bytes) else version
         return connection
 
     def _drop(self) -> None:

@@ -53,6 +53,12 @@ def injection_of(body: dict[str, Any]) -> pod.Injection | None:
     )
 
 
+def grace_of(body: dict[str, Any]) -> int | None:
+    """The grace period the service's status asks of its new pods (None: none yet)."""
+    grace = (body.get("status") or {}).get("gracePeriodSeconds")
+    return grace if isinstance(grace, int) and not isinstance(grace, bool) and grace > 0 else None
+
+
 @dataclasses.dataclass
 class _Namespace:
     read_at: float = float("-inf")  # the last listing, answered or not
@@ -139,6 +145,6 @@ class InjectionCatalog:
         injections = {}
         for body in bodies:
             found = self._by_generation.get(body, functools.partial(injection_of, body))
-            if found is not None:
-                injections[found.service] = found
+            if found is not None:  # the spec's part per generation; the grace period from the status as it is now
+                injections[found.service] = dataclasses.replace(found, grace_seconds=grace_of(body))
         known.injections = injections

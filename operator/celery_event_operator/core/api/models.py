@@ -355,6 +355,19 @@ class Workers(Model):
             ),
         ),
     ] = None
+    max_grace_period_seconds: Annotated[
+        int,
+        Field(
+            ge=30,
+            le=86_400,
+            description=(
+                "The longest grace period (terminationGracePeriodSeconds) the webhook gives a new worker pod so that "
+                "the tasks it runs finish on SIGTERM (a rollout, a scale-in, an eviction): it covers "
+                "maxTaskRuntimeSeconds, else celery.timeLimitSeconds, else the task runtimes observed "
+                "(status.gracePeriodSeconds says how much and why); a pod's own longer grace period is kept."
+            ),
+        ),
+    ] = 3600
 
 
 class Autoscaling(Model):
@@ -512,6 +525,20 @@ class CeleryEventServiceStatus(Model):
     desired_replicas: Annotated[int | None, Field(default=None, ge=0)] = None
     selector: Annotated[str | None, Field(default=None, description="Label selector of the worker pods.")] = None
     last_scale_time: Annotated[str | None, Field(default=None, json_schema_extra={"format": "date-time"})] = None
+    grace_period_seconds: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=0,
+            description=(
+                "The grace period (terminationGracePeriodSeconds) the webhook gives new worker pods: long enough for "
+                "the tasks they run to finish on SIGTERM."
+            ),
+        ),
+    ] = None
+    grace_period_basis: Annotated[
+        str | None, Field(default=None, max_length=1000, description="What gracePeriodSeconds covers, and why.")
+    ] = None
 
 
 # --- CeleryEventReplay: a replay or purge of a service's archive, run by the operator -------------------------

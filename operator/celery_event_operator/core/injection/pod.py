@@ -23,13 +23,14 @@ SHUTDOWN_MARGIN_SECONDS = 5
 
 @dataclasses.dataclass(frozen=True)
 class Injection:
-    """What a service's pods get: where the broker URL is, and which settings."""
+    """What a service's pods get: where the broker URL is, which settings, and how long they may take to stop."""
 
     service: str
     secret_name: str
     secret_key: str
     configmap: str
     config_hash: str
+    grace_seconds: int | None = None  # the service's grace period for its tasks (its status; None: not known yet)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,17 +38,23 @@ class PodChanges:
     containers: list[dict[str, Any]]
     volumes: list[dict[str, Any]]
     annotations: dict[str, str]
+    grace_seconds: int | None = None  # the pod's terminationGracePeriodSeconds raised to this (None: as it is)
 
 
-def soft_shutdown_seconds(pod: Mapping[str, Any]) -> int:
-    """How long a worker lets running tasks finish after SIGTERM: the pod's grace period, less a margin for
-    the cold shutdown that hands what is left back to the broker before the kubelet's SIGKILL."""
+def grace_seconds(pod: Mapping[str, Any]) -> int:
+    """The pod's own grace period (Kubernetes' default when it sets none)."""
     grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
-    grace = grace if isinstance(grace, int) and grace >= 0 else DEFAULT_GRACE_SECONDS
+    return grace if isinstance(grace, int) and grace >= 0 else DEFAULT_GRACE_SECONDS
+
+
+def soft_shutdown_seconds(grace: int) -> int:
+    """How long a worker whose SIGTERM the pod maps to Celery's cold shutdown (REMAP_SIGTERM=SIGQUIT, the user's
+    choice) lets running tasks finish: the grace period, less a margin for the cold shutdown to hand what is left
+    back to the broker before the kubelet's SIGKILL."""
     return max(1, grace - SHUTDOWN_MARGIN_SECONDS) if grace > 1 else 0
 
 
-def _environment(injection: Injection, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _environment(injection: Injection, grace: int) -> list[dict[str, Any]]:
     return [
         {
             "name": "CELERY_BROKER_URL",
@@ -61,22 +68,21 @@ def _environment(injection: Injection, pod: Mapping[str, Any]) -> list[dict[str,
         # Mingle and gossip broadcast to every worker (N² messages); heartbeats stay on.
         {"name": "CELERY_WORKER_WITHOUT_MINGLE", "value": "1"},
         {"name": "CELERY_WORKER_WITHOUT_GOSSIP", "value": "1"},
-        # A rollout or scale-down sends SIGTERM, then SIGKILL after the grace period. Remapped to Celery's
-        # cold shutdown with a soft shutdown first: running tasks may finish within the grace period, what is
-        # left is handed back to the broker (acks are late) instead of dying with the SIGKILL.
-        {"name": "REMAP_SIGTERM", "value": "SIGQUIT"},
-        {"name": SOFT_SHUTDOWN_ENV, "value": str(soft_shutdown_seconds(pod))},
+        # A rollout, a scale-in or an eviction sends SIGTERM, then SIGKILL after the grace period: Celery's warm
+        # shutdown takes no new task and exits once the ones it runs ended, and the grace period covers them. Only
+        # where the pod maps SIGTERM to the cold shutdown itself, its soft shutdown lets them finish first.
+        {"name": SOFT_SHUTDOWN_ENV, "value": str(soft_shutdown_seconds(grace))},
         # The loader names the worker's broker connections after its pod (see naming.pod_connection_name).
         {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": POD_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
 
 
-def _container(container: Mapping[str, Any], injection: Injection, pod: Mapping[str, Any]) -> dict[str, Any]:
+def _container(container: Mapping[str, Any], injection: Injection, grace: int) -> dict[str, Any]:
     result = copy.deepcopy(dict(container))
     env: list[dict[str, Any]] = result.setdefault("env", [])
     present = {variable.get("name") for variable in env}
-    env.extend(variable for variable in _environment(injection, pod) if variable["name"] not in present)
+    env.extend(variable for variable in _environment(injection, grace) if variable["name"] not in present)
     python_paths = [variable for variable in env if variable.get("name") == "PYTHONPATH"]
     if not python_paths:
         env.append({"name": "PYTHONPATH", "value": MOUNT_PATH})
@@ -89,13 +95,16 @@ def _container(container: Mapping[str, Any], injection: Injection, pod: Mapping[
 
 
 def changes(pod: Mapping[str, Any], injection: Injection) -> PodChanges:
-    """The containers and volumes with the injection appended, and the annotations to set."""
+    """The containers and volumes with the injection appended, the annotations to set, and the grace period raised
+    to the service's (never lowered: a pod's own longer one stays)."""
     spec = pod.get("spec") or {}
-    containers = [_container(container, injection, pod) for container in spec.get("containers") or []]
+    own = grace_seconds(pod)
+    grace = max(own, injection.grace_seconds or 0)
+    containers = [_container(container, injection, grace) for container in spec.get("containers") or []]
     volumes = copy.deepcopy(list(spec.get("volumes") or []))
     if not any(volume.get("name") == VOLUME_NAME for volume in volumes):
         volumes.append({"name": VOLUME_NAME, "configMap": {"name": injection.configmap, "defaultMode": 0o444}})
-    return PodChanges(containers, volumes, {HASH_ANNOTATION: injection.config_hash})
+    return PodChanges(containers, volumes, {HASH_ANNOTATION: injection.config_hash}, grace if grace > own else None)
 
 
 def unknown_service_warning(service: str, namespace: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from celery_event_operator.core import naming
 from celery_event_operator.core.api.models import CeleryEventServiceSpec
+from celery_event_operator.core.lifecycle import long_tasks
 from celery_event_operator.core.topology import plan
 from celery_event_operator.core.worker_settings import ROBUST_CELERY_SETTINGS
 
@@ -91,6 +92,8 @@ def render(service: str, spec: CeleryEventServiceSpec) -> dict[str, Any]:
         "archive_exchange": plan.archive_name(service) if spec.archive.enabled else None,
         "queue_type": spec.queue_type,
         "vhost": spec.broker.vhost,
+        # Asked of the broker per consumer of the handler queues (RabbitMQ 3.11.15 and later; older ones ignore it).
+        "consumer_timeout_seconds": long_tasks.consumer_timeout_seconds(spec.workers),
     }
     return {"celery": celery, "celery_events": events}
 

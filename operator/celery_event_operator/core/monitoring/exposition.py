@@ -113,6 +113,13 @@ OVERFLOWED = Family(
     'Task events counted under the label value "__overflow__": their name, exception class, queue or worker was'
     " past the service's bound on that label.",
 )
+TASK_RERUNS = Family(
+    "celery_event_operator_task_reruns_total",
+    "counter",
+    "Tasks started again after a run that did not end: cause ack_timeout (the broker's delivery-acknowledgement "
+    "timeout delivered it again while it ran), pod_stopped (its worker shut down or its pod was deleted while it ran), "
+    "worker_lost (its worker process died, restarted or lost its connection).",
+)
 TASKS_FORGOTTEN = Family(
     "celery_event_operator_tasks_forgotten_total",
     "counter",
@@ -136,6 +143,7 @@ SERVICE_FAMILIES = (
     MALFORMED,
     DROPPED,
     OVERFLOWED,
+    TASK_RERUNS,
     TASKS_FORGOTTEN,
 )
 RECONCILES = Family("celery_event_operator_reconciles_total", "counter", "Reconciles of CeleryEventServices.")
@@ -320,6 +328,10 @@ class ServiceBlock:
         of(OVERFLOWED).extend(  # at 0 too: a rate sees the first overflow
             f'{OVERFLOWED.name}{{{service},label="{label}"}} {overflows[label].events if label in overflows else 0}\n'
             for label in LABELS
+        )
+        of(TASK_RERUNS).extend(
+            f'{TASK_RERUNS.name}{{{service},name="{escape(task)}",cause="{cause}"}} {count}\n'
+            for (task, cause), count in metrics.rerun_counts.items()
         )
         return lines
 

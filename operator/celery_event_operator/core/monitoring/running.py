@@ -93,6 +93,11 @@ class RunningTasks:
         else:
             self._unseen.pop(worker, None)
 
+    def started_at(self, uuid: str) -> float | None:
+        """When a task seen starting began, while it runs."""
+        found = self._started.get(uuid)
+        return found[1].started_at if found is not None else None
+
     def tasks(self, worker: str) -> list[RunningTask]:
         """The worker's running tasks seen starting, oldest first."""
         found = [self._started[uuid][1] for uuid in self._of_worker.get(worker, ())]

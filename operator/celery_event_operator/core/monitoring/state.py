@@ -26,7 +26,9 @@ from celery_event_operator.core.monitoring.bounds import (
     SeriesSettings,
     TaskBudget,
 )
+from celery_event_operator.core.monitoring.reruns import Cause, Reruns
 from celery_event_operator.core.monitoring.running import RunningTask, RunningTasks
+from celery_event_operator.core.monitoring.runtimes import RuntimeWindow
 
 # Events whose counters are exported as celery_task_<kind>_total.
 TASK_EVENT_KINDS = ("sent", "received", "started", "succeeded", "failed", "rejected", "revoked", "retried")
@@ -43,6 +45,7 @@ QUEUE_WAIT_BUCKETS = (0.05, 0.25, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0
 GENERIC_WORKER = "generic"  # per-pod series: task-sent comes from producers, which are no workers
 SERVICE_WIDE = ""  # the worker part of a task series key without `hostname`
 UNKNOWN_TASK = "unknown"  # a task whose name no event of it carried (its first events were missed)
+WORKER_LOST = "WorkerLostError"  # the exception of a task whose worker process died (Celery's billiard)
 DEFAULT_QUEUE = "celery"  # Celery's task_default_queue: a task of no handler and of no task-sent seen
 MAX_EVENT_BYTES = 64 * 1024
 MAX_LABEL_CHARS = 512  # longer task names or hostnames are no Celery's: such an event is malformed
@@ -240,6 +243,10 @@ class ServiceMetrics:
         self._replacement_paused: bool | None = None
         self._broker_alarms: int | None = None  # resource alarms of the service's broker; None: not seen
         self.running = RunningTasks()  # what each worker runs now: its pod's deletion cost
+        self.reruns = Reruns()  # tasks run again, and why
+        self.runtimes = RuntimeWindow()  # how long its tasks ran lately: what a worker's shutdown must wait for
+        self.rerun_counts: dict[tuple[str, Cause], int] = {}  # (task name, bounded; cause) → re-runs
+        self.ack_timeout_seconds: float | None = None  # the broker's delivery-acknowledgement timeout, when known
         self._consumer_connected = False
         self._names: set[str] = set()  # task names admitted (the handlers' are always)
         self._exceptions: dict[str, set[str]] = {}  # task → exception classes admitted
@@ -273,6 +280,7 @@ class ServiceMetrics:
         self._exceptions.clear()
         self._queues.clear()
         self.overflows.clear()
+        self.rerun_counts.clear()
         self.changes += 1
         self.task_changes += 1
 
@@ -373,7 +381,7 @@ class ServiceMetrics:
             elif not self._admit_worker(worker, now):
                 worker = OVERFLOW
             if worker != OVERFLOW and not tombstoned:
-                self._track_running(kind, uuid, worker, now)
+                self._track_running(kind, event, uuid, worker, now)
             if not per_pod:
                 worker = SERVICE_WIDE
         tasks = self._tasks
@@ -396,7 +404,7 @@ class ServiceMetrics:
         elif kind == "succeeded":
             runtime = event.get("runtime")
             if _is_duration(runtime):
-                self._observe(self.runtime, key, float(runtime))
+                self._succeeded(key, uuid, float(runtime), now)
         if uuid:
             if kind in ("succeeded", "failed", "rejected", "revoked"):
                 if tasks.pop(uuid, None) is not None:  # done: no later event of it needs the name
@@ -407,22 +415,44 @@ class ServiceMetrics:
                 if len(tasks) > remembered:
                     self._remembered_one_more()
 
-    def _track_running(self, kind: str, uuid: str | None, worker: str, now: float) -> None:
+    def _track_running(self, kind: str, event: dict[str, Any], uuid: str | None, worker: str, now: float) -> None:
         if not uuid:
             return
         if kind == "started":
+            rerun = self.reruns.started(
+                uuid, self._task_name(uuid), self.running.started_at(uuid), now, self.ack_timeout_seconds
+            )
+            if rerun is not None:
+                key = (self._admitted_name(rerun.task or UNKNOWN_TASK), rerun.cause)
+                self.rerun_counts[key] = self.rerun_counts.get(key, 0) + 1
             self.running.started(uuid, worker, now)
         elif kind in ENDED_KINDS:
+            started_at = self.running.started_at(uuid)
             self.running.ended(uuid, worker)
+            lost = kind == "failed" and _text(event.get("exception")).startswith(WORKER_LOST)
+            if lost and started_at is not None:  # its process died: the broker delivers it again
+                self.reruns.cut(uuid, "worker_lost", self._task_name(uuid), started_at, now)
+
+    def _task_name(self, uuid: str) -> str | None:
+        known = self._tasks.get(uuid)
+        return known[0] if known is not None and known[0] != UNKNOWN_TASK else None
+
+    def _cut_runs(self, worker: str, cause: Cause, now: float) -> None:
+        """The worker's runs end without their tasks' end: run again when delivered again."""
+        for task in self.running.tasks(worker):
+            self.reruns.cut(task.uuid, cause, self._task_name(task.uuid), task.started_at, now)
+        self.running.forget(worker)
 
     def running_tasks(self, worker: str) -> list[RunningTask]:
         """The tasks a worker runs that were seen starting, oldest first, named when their name is remembered."""
-        found = []
-        for task in self.running.tasks(worker):
-            remembered = self._tasks.get(task.uuid)
-            name = remembered[0] if remembered is not None and remembered[0] != UNKNOWN_TASK else None
-            found.append(dataclasses.replace(task, name=name))
-        return found
+        return [dataclasses.replace(task, name=self._task_name(task.uuid)) for task in self.running.tasks(worker)]
+
+    def _succeeded(self, key: CounterKey, uuid: str | None, runtime: float, now: float) -> None:
+        """A run that ended well, `runtime` seconds long by the worker's measure."""
+        self._observe(self.runtime, key, runtime)
+        self.runtimes.observe(runtime, now)
+        if uuid:
+            self.reruns.succeeded(uuid, key[1], runtime, self.ack_timeout_seconds)
 
     def _observe(self, histogram: Histogram, key: CounterKey, value: float) -> None:
         series = (key[1], key[2], key[3])
@@ -591,12 +621,12 @@ class ServiceMetrics:
         if kind == "offline":
             self.worker_up[worker] = 0
             self.worker_active[worker] = 0
-            self.running.forget(worker)
+            self._cut_runs(worker, "pod_stopped", now)  # shut down: what it still ran is handed back to the broker
             return
         self.worker_up[worker] = 1
         self.last_heartbeat[worker] = now
         if kind == "online":
-            self.running.forget(worker)  # a worker (re)started runs nothing yet: its predecessor's tasks are over
+            self._cut_runs(worker, "worker_lost", now)  # (re)started: its predecessor's runs were cut
         active = event.get("active")
         if isinstance(active, int) and not isinstance(active, bool) and active >= 0:
             self.worker_active[worker] = active
@@ -617,7 +647,7 @@ class ServiceMetrics:
                 self.queue_wait.remove(key)
         for per_worker in (self.worker_up, self.worker_active, self.last_heard, self.last_heartbeat, self.first_heard):
             per_worker.pop(worker, None)
-        self.running.forget(worker)
+        self._cut_runs(worker, "pod_stopped", now)
         self._outside.discard(worker)
         self._tombstones[worker] = now
         while len(self._tombstones) > TOMBSTONES_KEPT:

@@ -22,6 +22,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceStatus, Cond
 from celery_event_operator.core.broker.alarms import Alarm, describe
 from celery_event_operator.core.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
 from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.lifecycle.long_tasks import RunOnce
 from celery_event_operator.core.lifecycle.stuck import healthy_message
 from celery_event_operator.core.monitoring import report
 from celery_event_operator.core.scaling.depths import counters
@@ -39,6 +40,7 @@ BROKER_REACHABLE = "BrokerReachable"
 TOPOLOGY_READY = "TopologyReady"
 WORKERS_CONFIGURED = "WorkersConfigured"
 WORKERS_HEALTHY = "WorkersHealthy"
+TASKS_RUN_ONCE = "TasksRunOnce"
 MONITORING_READY = "MonitoringReady"
 BROKER_ALARM = "BrokerAlarm"
 # A condition names this many stuck pods, the rest counted; so many WorkerStuck Events at most per pass.
@@ -50,7 +52,8 @@ _ORDER = {
     TOPOLOGY_READY: 2,
     WORKERS_CONFIGURED: 3,
     WORKERS_HEALTHY: 4,
-    MONITORING_READY: 5,
+    TASKS_RUN_ONCE: 5,
+    MONITORING_READY: 6,
 }
 
 
@@ -77,6 +80,7 @@ class Announced:
     monitoring_failure: bool = False  # the events consumer's own failure
     stuck: frozenset[str] = frozenset()  # the pods announced stuck (one Event each, per episode)
     paused: str | None = None  # the pause of the replacing announced (one Event per pause)
+    rerun_causes: frozenset[str] = frozenset()  # the causes of re-runs announced (one Event each, per episode)
     overflowed: frozenset[str] = frozenset()  # the metric labels announced past their bound (one Event in all)
     settings_unavailable: str | None = None  # the Secret has not been readable for long (the API's fault)
 
@@ -148,6 +152,13 @@ def conclude(
         announced = _lifecycle(state, seen.lifecycle, announced)
     elif seen.spec is not None and seen.spec.workers is None:
         state.remove(WORKERS_HEALTHY)  # no workers to keep (any more)
+        fields |= {"grace_period_seconds": None, "grace_period_basis": None}
+    if seen.grace is not None:
+        fields |= {"grace_period_seconds": seen.grace.seconds, "grace_period_basis": seen.grace.basis}
+    if seen.run_once is not None:
+        announced = _run_once(state, seen.run_once, announced)
+    elif seen.spec is not None and not seen.spec.monitoring.enabled:
+        state.remove(TASKS_RUN_ONCE)  # no events: nothing known of the runs
     if seen.evicted is not None:
         state.events.append(EventNote("Normal", "PodEvicted", f"evicted pod {seen.evicted.pod}: {seen.evicted.why}"))
     if seen.monitoring is not None:
@@ -420,6 +431,19 @@ def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announce
     announced_now = {worker.pod for worker in stuck if worker.pod in announced.stuck}
     announced_now |= {worker.pod for worker in new[:STUCK_EVENTS_PER_PASS]}
     return dataclasses.replace(announced, stuck=frozenset(announced_now), paused=judgement.paused)
+
+
+def _run_once(state: _Conditions, run_once: RunOnce, announced: Announced) -> Announced:
+    """TasksRunOnce: one Warning per cause of re-runs (per episode), and one when the broker's acknowledgement timeout
+    is about to run tasks twice (as any change of a failure)."""
+    if run_once.status:
+        state.set(TASKS_RUN_ONCE, "True", run_once.reason, run_once.message, announce=False)
+        return dataclasses.replace(announced, rerun_causes=frozenset())
+    new = run_once.causes - announced.rerun_causes
+    state.set(TASKS_RUN_ONCE, "False", run_once.reason, run_once.message, announce=not run_once.causes)
+    if new:
+        state.events.append(EventNote("Warning", run_once.reason, run_once.message))
+    return dataclasses.replace(announced, rerun_causes=announced.rerun_causes | new)
 
 
 def _monitoring(state: _Conditions, monitoring: MonitoringSeen, announced: Announced) -> Announced:

@@ -14,6 +14,8 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.errors import InvalidSpecError
 from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.lifecycle.grace import Grace
+from celery_event_operator.core.lifecycle.long_tasks import RunOnce
 from celery_event_operator.core.lifecycle.stuck import Judgement, StuckWorker
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.topology.declared import Declared
@@ -104,3 +106,5 @@ class Observations:
     settings_unavailable: str | None = None
     # The broker's resource alarms in effect (it blocks publishers); None: not seen (no management API).
     alarms: tuple[Alarm, ...] | None = None
+    grace: Grace | None = None  # the grace period new worker pods get (None: not worked out this pass)
+    run_once: RunOnce | None = None  # do the service's tasks run once (None: not known: no events)
