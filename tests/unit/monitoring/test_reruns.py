@@ -79,6 +79,13 @@ def run(registry: MetricsRegistry, *steps: tuple[float, str, str] | tuple[float,
             9.0,
             id="its-worker-restarted",
         ),
+        pytest.param(
+            [(0.0, "received", "pod-a"), (0.0, "started", "pod-a"), (1801.0, "worker-offline", "pod-a"),
+             (1801.5, "worker-online", "pod-a"), (1802.0, "started", "pod-b")],
+            "ack_timeout",
+            1801.0,
+            id="the-broker-closed-its-channel-at-the-timeout-and-its-worker-restarted-its-consumer",
+        ),
     ],
 )  # fmt: skip
 def test_a_task_started_again_is_a_rerun_with_its_cause(
@@ -118,7 +125,7 @@ def test_runs_that_ended_are_no_reruns(steps: list[Any]) -> None:
 def test_the_memory_of_cut_runs_is_bounded() -> None:
     found = reruns.Reruns()
     for number in range(reruns.RUNS_CUT_KEPT + 5):
-        found.cut(f"t-{number}", "pod_stopped", TASK, 0.0, 1.0)
+        found.cut(f"t-{number}", "pod_stopped", TASK, 0.0, 1.0, ack_timeout=None)
     assert found.started("t-0", TASK, None, 2.0, None) is None, "the oldest cut runs are forgotten first"
     assert found.started(f"t-{reruns.RUNS_CUT_KEPT}", TASK, None, 2.0, None) is not None
 

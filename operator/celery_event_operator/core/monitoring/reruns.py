@@ -57,8 +57,14 @@ class Reruns:
             while len(self._timed_out) > RUNS_TIMED_OUT_KEPT:
                 self._timed_out.popitem(last=False)
 
-    def cut(self, uuid: str, cause: Cause, task: str | None, started_at: float, now: float) -> None:
-        """A run ended without its task's end: it is run again when its message is delivered again."""
+    def cut(
+        self, uuid: str, cause: Cause, task: str | None, started_at: float, now: float, *, ack_timeout: float | None
+    ) -> None:
+        """A run ended without its task's end: it is run again when its message is delivered again. A run cut after
+        outlasting the acknowledgement timeout was cut by the broker whatever the worker said: it closes the
+        channel, which the worker takes for a lost connection (worker-offline, then online as it reconnects)."""
+        if ack_timeout is not None and now - started_at >= ACK_TIMEOUT_SHARE * ack_timeout:
+            cause = "ack_timeout"
         self._cut[uuid] = _Cut(cause, task, started_at, now)
         self._cut.move_to_end(uuid)
         while len(self._cut) > RUNS_CUT_KEPT:

@@ -420,7 +420,7 @@ class ServiceMetrics:
             return
         if kind == "started":
             rerun = self.reruns.started(
-                uuid, self._task_name(uuid), self.running.started_at(uuid), now, self.ack_timeout_seconds
+                uuid, self._task_name(uuid), self.running.started_at(uuid), now, ack_timeout=self.ack_timeout_seconds
             )
             if rerun is not None:
                 key = (self._admitted_name(rerun.task or UNKNOWN_TASK), rerun.cause)
@@ -431,7 +431,9 @@ class ServiceMetrics:
             self.running.ended(uuid, worker)
             lost = kind == "failed" and _text(event.get("exception")).startswith(WORKER_LOST)
             if lost and started_at is not None:  # its process died: the broker delivers it again
-                self.reruns.cut(uuid, "worker_lost", self._task_name(uuid), started_at, now)
+                self.reruns.cut(
+                    uuid, "worker_lost", self._task_name(uuid), started_at, now, ack_timeout=self.ack_timeout_seconds
+                )
 
     def _task_name(self, uuid: str) -> str | None:
         known = self._tasks.get(uuid)
@@ -440,7 +442,9 @@ class ServiceMetrics:
     def _cut_runs(self, worker: str, cause: Cause, now: float) -> None:
         """The worker's runs end without their tasks' end: run again when delivered again."""
         for task in self.running.tasks(worker):
-            self.reruns.cut(task.uuid, cause, self._task_name(task.uuid), task.started_at, now)
+            self.reruns.cut(
+                task.uuid, cause, self._task_name(task.uuid), task.started_at, now, ack_timeout=self.ack_timeout_seconds
+            )
         self.running.forget(worker)
 
     def running_tasks(self, worker: str) -> list[RunningTask]:
