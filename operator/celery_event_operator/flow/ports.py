@@ -17,6 +17,7 @@ from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.ownership import Claim, Claimant
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.outcome import Report
 from celery_event_operator.core.topology.plan import Topology
@@ -54,6 +55,15 @@ class ServiceBroker(Protocol):
     async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
         """Apply the plan (with `remove`, delete the service's empty entities); an OperatorError carrying its
         status reason when the broker cannot be reached, refuses or does not support an operation."""
+        ...
+
+    async def claim(self, service: str, claimant: Claimant) -> Claim:
+        """Claim the service's topology (core/service/ownership.py): ours, or who holds it; an OperatorError when
+        the broker cannot be reached or refuses otherwise."""
+        ...
+
+    async def release(self, service: str, claimant: Claimant) -> Claim:
+        """Release the service's claim when it is ours (ours: released; else who holds it)."""
         ...
 
     async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:

@@ -41,7 +41,6 @@ from celery_event_operator.core.service.conclusion import (
     PostEvents,
     conclude,
     conclude_deletion,
-    patch_of,
     status_of,
 )
 from celery_event_operator.core.service.observations import (
@@ -49,9 +48,11 @@ from celery_event_operator.core.service.observations import (
     LifecycleSeen,
     MonitoringSeen,
     Observations,
+    OwnershipSeen,
     QueuesSeen,
     ScalingSeen,
 )
+from celery_event_operator.core.service.ownership import Claimant, Holder
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod
 from celery_event_operator.core.topology.outcome import DeclareOutcome
 from celery_event_operator.flow import steps
@@ -103,6 +104,7 @@ class ServiceKeeper:
         self._deleting = False  # the resource is being deleted: its entities are removed, nothing is declared
         self._api_retry = False  # the last reconcile met the Kubernetes API not answering
         self._by_generation = specs.GenerationCache[specs.Understood | InvalidSpecError](1)
+        self._owner = True  # the last claim on the service's topology was ours (or none was made yet)
 
     # --- the two passes ---------------------------------------------------------------------
 
@@ -127,6 +129,21 @@ class ServiceKeeper:
         self._service = found.service
         broker, unusable, settings_unavailable = await self._broker_for(found)
         declared = specs.declared_entities(body)
+        remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
+        # The claim first: nothing of a service another resource owns is declared, configured or consumed.
+        claimed = await steps.claim(broker, found.service, self._claimant(body)) if broker is not None else None
+        ownership = None
+        if isinstance(claimed, OperatorError):
+            unusable, broker = claimed, None
+        elif claimed is not None and broker is not None:
+            self._owner = claimed.ours
+            ownership = OwnershipSeen(found.service, self._claimant(body), claimed, broker.display)
+            if not claimed.ours:
+                await self._stop_events(found.service)
+                conclusion = self._conclude(body, Observations(generation, found.spec, ownership=ownership))
+                self.context.metrics.count_reconcile(False)
+                await self._write(body, conclusion, remembered, annotate)
+                return
         topology = await steps.declare(broker, unusable, found.topology, declared)
         workers = await self._workers_outcome(body, found, pods)
         # The Kubernetes API did not answer a read of this pass: asked again soon, not a whole resync later.
@@ -144,6 +161,7 @@ class ServiceKeeper:
             generation,
             found.spec,
             declared=declared,
+            ownership=ownership,
             topology=topology,
             workers=workers,
             queues=queues,
@@ -154,7 +172,6 @@ class ServiceKeeper:
         )
         conclusion = self._conclude(body, seen)
         self.context.metrics.count_reconcile(conclusion.ready)
-        remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
         await self._write(body, conclusion, {**conclusion.annotations, **remembered}, annotate)
 
     async def status_pass(self, body: Mapping[str, Any], pods: PodsOf) -> None:
@@ -162,7 +179,7 @@ class ServiceKeeper:
         async with self.lock:
             found = self._understood(body)
             broker = self._broker
-            if isinstance(found, InvalidSpecError) or broker is None or self._deleting:
+            if isinstance(found, InvalidSpecError) or broker is None or self._deleting or not self._owner:
                 return  # the reconcile reports why
             live = pods(found.service)  # one look at the index for the whole pass
             queues, scaling = await self._count(found, broker, pods, live)
@@ -199,7 +216,7 @@ class ServiceKeeper:
     async def _write(
         self, body: Mapping[str, Any], conclusion: Conclusion, annotations: dict[str, str], annotate: Annotate | None
     ) -> None:
-        await self._writer.write(body, patch_of(conclusion.status), annotations, annotate)
+        await self._writer.write(body, conclusion.patch, annotations, annotate)
         if conclusion.events:
             self.post(conclusion.events)
 
@@ -246,35 +263,64 @@ class ServiceKeeper:
         if not isinstance(found, InvalidSpecError):
             self.context.brokers.forget_secret(self.namespace, found.spec.broker.secret_ref.name)
 
-    async def delete_entities(self, body: Mapping[str, Any], *, last_try: bool) -> str | None:
-        """`deletionPolicy: delete`: the service's empty queues and exchanges removed, and the Events of what was
-        removed and kept; why to try again later when the broker or the Kubernetes API (the Secret unread) did not
-        answer this time (None: done). After the pass in hand (under the lock), no other pass runs: a resync must
-        not declare them again."""
+    async def delete_entities(self, body: Mapping[str, Any], *, remove: bool, last_try: bool) -> str | None:
+        """The resource goes: with `remove` (`deletionPolicy: delete`) the service's empty queues and exchanges
+        removed, and the Events of what was removed and kept; in every case its claim on the service released last,
+        and only when it is its own (a resource that does not own the service removes nothing). Why to try again
+        later when the broker or the Kubernetes API (the Secret unread) did not answer this time (None: done).
+        After the pass in hand (under the lock), no other pass runs: a resync must not declare them again."""
         async with self.lock:
             self._deleting = True
-            outcome = await self._delete_entities(body)
+            outcome, holder = await self._delete_entities(body, remove)
         if outcome is None:
             return None  # never acted on: nothing of it is on the broker
         if isinstance(outcome.failure, BrokerUnavailableError | KubeUnavailableError) and not last_try:
             self._logger.warning("%s; deletion tried again later", outcome.failure)
             return str(outcome.failure)
-        self.post(conclude_deletion(outcome))
+        if holder is not None or remove or outcome.failure is not None:
+            self.post(conclude_deletion(outcome, self._claimant(body), holder))
         return None
 
-    async def _delete_entities(self, body: Mapping[str, Any]) -> DeclareOutcome | None:
+    async def _delete_entities(
+        self, body: Mapping[str, Any], remove: bool
+    ) -> tuple[DeclareOutcome | None, Holder | None]:
         found = self._understood(body)
         if isinstance(found, InvalidSpecError):
-            return None
+            return None, None
         brokers = self.context.brokers
         try:
             broker = brokers.acquire(await brokers.settings(self.namespace, found.spec))
         except OperatorError as exc:
-            return DeclareOutcome(found.topology, failure=exc)
+            return DeclareOutcome(found.topology, failure=exc), None
+        claimant = self._claimant(body)
         try:
-            return await steps.declare(broker, None, found.topology, specs.declared_entities(body), remove=True)
+            # Claimed (or confirmed ours) before anything is removed: another's entities are never touched.
+            claimed = await steps.claim(broker, found.service, claimant)
+            if isinstance(claimed, OperatorError):
+                return DeclareOutcome(found.topology, broker.display, claimed), None
+            if not claimed.ours:
+                return DeclareOutcome(found.topology, broker.display), claimed.holder
+            outcome = DeclareOutcome(found.topology, broker.display)
+            if remove:
+                outcome = await steps.declare(broker, None, found.topology, specs.declared_entities(body), remove=True)
+            if outcome.failure is None:  # released last: until then no other resource declares anything of it
+                released = await steps.release(broker, found.service, claimant)
+                if isinstance(released, OperatorError):
+                    return dataclasses.replace(outcome, failure=released), None
+            return outcome, None
         finally:
             await brokers.release(broker.key)
+
+    def _claimant(self, body: Mapping[str, Any]) -> Claimant:
+        uid = (body.get("metadata") or {}).get("uid")
+        return Claimant(self.context.options.installation_id, self.namespace, self.name, str(uid or ""))
+
+    async def _stop_events(self, service: str) -> None:
+        """No events consumer, and no series, for a service this resource does not own."""
+        if self._subscription is not None and self._broker is not None:
+            self._broker.events.unsubscribe(self._subscription)
+        self._subscription = None
+        self.context.metrics.remove(self.namespace, service)
 
     async def close(self) -> None:
         """The resource is gone (or the operator stops): its consumer, broker and series let go."""

@@ -36,6 +36,7 @@ from celery_event_operator.core.service.observations import (
     Scaled,
     ScalingSeen,
 )
+from celery_event_operator.core.service.ownership import Claim, Claimant
 from celery_event_operator.core.service.pods import WorkerPod
 from celery_event_operator.core.service.spec import Understood
 from celery_event_operator.core.topology.declared import Declared
@@ -74,6 +75,24 @@ async def declare(
     except OperatorError as exc:
         return DeclareOutcome(topology, broker.display, exc)
     return DeclareOutcome(topology, broker.display, report=report)
+
+
+async def claim(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
+    """The claim on the service's topology, made (or confirmed) before anything of it is touched; the failure when
+    the broker could not be asked."""
+    try:
+        return await broker.claim(service, claimant)
+    except OperatorError as exc:
+        return exc
+
+
+async def release(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
+    """The service's claim released when it is ours (its entities removed or kept before); the failure when the
+    broker could not be asked."""
+    try:
+        return await broker.release(service, claimant)
+    except OperatorError as exc:
+        return exc
 
 
 async def queues(broker: ServiceBroker, topology: Topology, max_age: float) -> QueuesSeen:

@@ -69,14 +69,14 @@ async def keep_service(
     await _keeper(body, memo, logger).run(body, service_pods(pods_by_service, body.metadata.namespace), stopped)
 
 
-def _deletes_entities(spec: kopf.Spec, **kwargs: Any) -> bool:
-    # With `retain` there is nothing to do at deletion. (Every resource carries kopf's finalizer
-    # anyway: kopf stops the resource's daemon before letting it go.)
-    return spec.get("deletionPolicy") == "delete" and _owned(**kwargs)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, when=_deletes_entities, retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_SECONDS)
-async def delete_service_entities(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, retry: int, **_: Any) -> None:
-    retry_because = await _keeper(body, memo, logger).delete_entities(body, last_try=retry >= DELETE_RETRIES - 1)
+@kopf.on.delete(GROUP, VERSION, PLURAL, when=_owned, retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_SECONDS)
+async def delete_service_entities(
+    body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, logger: kopf.Logger, retry: int, **_: Any
+) -> None:
+    # Every resource releases its claim on the service's name (core/service/ownership.py), so that another may take
+    # it over; with `deletionPolicy: delete` its empty queues and exchanges go first.
+    keeper = _keeper(body, memo, logger)
+    remove = spec.get("deletionPolicy") == "delete"
+    retry_because = await keeper.delete_entities(body, remove=remove, last_try=retry >= DELETE_RETRIES - 1)
     if retry_because is not None:
         raise kopf.TemporaryError(retry_because, delay=DELETE_BACKOFF_SECONDS)

@@ -17,6 +17,7 @@ from typing import Any
 import amqp
 from kombu.connection import Connection
 
+from celery_event_operator.core import naming
 from celery_event_operator.core.topology import declared, plan
 from celery_event_operator.core.topology.declared import Declared, DeclaredQueue
 from celery_event_operator.core.topology.outcome import EntityState, Problem, QueueState, Report
@@ -266,3 +267,35 @@ def inspect(connection: Connection, topology: Topology) -> list[EntityState]:
     finally:
         channel.close()
     return states
+
+
+def claim(connection: Connection, service: str, arguments: dict[str, str]) -> str | None:
+    """Claim the service's topology (core/service/ownership.py): None when the claim is ours (made now or before),
+    else the broker's refusal, which names the value it holds."""
+    channel = _Channel(connection)
+    try:
+        _declare_claim(channel, service, arguments)
+    except amqp.exceptions.PreconditionFailed as exc:
+        return str(getattr(exc, "reply_text", "") or exc)
+    finally:
+        channel.close()
+    return None
+
+
+def release(connection: Connection, service: str, arguments: dict[str, str]) -> str | None:
+    """Release the service's claim when it is ours (checked by claiming it: a claim held by another stays); None
+    when it is released (or there was none), else the refusal that names the holder."""
+    channel = _Channel(connection)
+    try:
+        _declare_claim(channel, service, arguments)
+        channel.call("exchange_delete", naming.owner_exchange_name(service))
+    except amqp.exceptions.PreconditionFailed as exc:
+        return str(getattr(exc, "reply_text", "") or exc)
+    finally:
+        channel.close()
+    return None
+
+
+def _declare_claim(channel: _Channel, service: str, arguments: dict[str, str]) -> None:
+    name = naming.owner_exchange_name(service)
+    channel.call("exchange_declare", name, "fanout", durable=True, auto_delete=False, arguments=dict(arguments))

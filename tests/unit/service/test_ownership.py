@@ -1,0 +1,115 @@
+"""One owner per (broker, vhost, serviceName) (pure): the claim's id, who holds it as the broker tells, and the
+status and Events a resource that does not own its service concludes — tables of passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_event_operator.core.errors import BrokerUnavailableError
+from celery_event_operator.core.service.conclusion import conclude_deletion, patch_of
+from celery_event_operator.core.service.observations import Observations, OwnershipSeen, QueuesSeen
+from celery_event_operator.core.service.ownership import ID_MAX_BYTES, Claim, Claimant, Holder, holder_of
+from celery_event_operator.core.topology import outcome
+from celery_event_operator.core.topology.outcome import DeclareOutcome
+from tests.unit.service.test_conclusion import DEPTHS, SPEC, TOPOLOGY, conditions, events, reconciled, run
+
+OURS = Claimant("install-a", "shop2", "billing", "uid-2")
+OWNER = Holder("install-a/shop/billing/uid-1", "shop", "billing", "install-a")
+OTHER_INSTALLATION = Holder("install-b/shop/billing/uid-9", "shop", "billing", "install-b")
+
+
+def refused(holder: Holder = OWNER) -> Observations:
+    return Observations(3, SPEC, ownership=OwnershipSeen("billing", OURS, Claim(holder), "h:5672 vhost '/'"))
+
+
+def owned(**seen: object) -> Observations:
+    ownership = OwnershipSeen("billing", OURS, Claim(), "h:5672 vhost '/'")
+    return reconciled(ownership=ownership, **seen)  # type: ignore[arg-type]
+
+
+def test_the_claim_id_names_the_resource_and_fits_an_exchange_name() -> None:
+    assert OURS.id == "install-a/shop2/billing/uid-2"
+    assert OURS.arguments()["alternate-exchange"] == OURS.id
+    long = Claimant("i" * 100, "n" * 63, "x" * 253, "0" * 36)
+    assert len(long.id.encode()) <= ID_MAX_BYTES
+    assert long.id != Claimant("i" * 100, "n" * 63, "x" * 252 + "y", "0" * 36).id  # shortened, still distinct
+
+
+@pytest.mark.parametrize(
+    ("arguments", "refusal", "described"),
+    [
+        # the management API's arguments of the claim exchange
+        (OURS.arguments() | {"alternate-exchange": "x"}, "", "shop2/billing"),
+        (Claimant("install-b", "shop", "billing", "u").arguments(), "",
+         "shop/billing of operator installation 'install-b'"),
+        # no management API: the broker's refusal names the value it holds
+        (None, "inequivalent arg 'alternate-exchange' for exchange 'billing:owner' in vhost 'v': received "
+         "'install-a/shop2/billing/uid-2' but current is 'install-a/shop/billing/uid-1'", "shop/billing"),
+        (None, "... received none but current is the value 'org/team/shop/billing/u' of type 'longstr'",
+         "shop/billing of operator installation 'org/team'"),
+        (None, "... but current is 'abc~0123'", "'abc~0123'"),
+        (None, "... but current is 'install-a/shop/billing/uid-1", "another resource"),  # cut off: not guessed
+    ],
+)  # fmt: skip
+def test_the_holder_is_named_from_what_the_broker_tells(
+    arguments: dict[str, str] | None, refusal: str, described: str
+) -> None:
+    assert holder_of(arguments, refusal).describe(OURS) == described
+
+
+def test_a_refused_claim_is_ready_false_naming_the_owner_with_one_event() -> None:
+    first, again, again2 = run(refused(), refused(), refused())
+    assert conditions(first) == {"Ready": ("False", "ServiceNameConflict"), "BrokerReachable": ("True", "Connected")}
+    ready = next(c for c in first.status.conditions if c.type == "Ready")
+    assert "belongs to shop/billing" in ready.message
+    assert events(first) == [("Warning", "ServiceNameConflict")]
+    assert events(again) == events(again2) == []  # every resync: no Event, no change
+    assert again.status == first.status
+
+
+def test_a_resource_that_was_ready_before_the_upgrade_shows_nothing_it_does_not_keep() -> None:
+    ready = run(owned(queues=QueuesSeen(DEPTHS, "ready + unacknowledged")))[0]
+    assert ready.status.queue_length == 7
+    conflict = run(refused(), status=ready.status)[0]
+    assert set(conditions(conflict)) == {"Ready", "BrokerReachable"}
+    assert conflict.status.queue_length is None
+    assert conflict.status.archived is None
+    patch = conflict.patch
+    assert patch["queueLength"] is None
+    assert patch["consumers"] is None
+    assert "queueLength" not in patch_of(conflict.status)
+
+
+def test_another_owner_is_announced_and_a_takeover_recovers_with_one_event() -> None:
+    _first, moved, taken = run(refused(), refused(OTHER_INSTALLATION), owned())
+    assert events(moved) == [("Warning", "ServiceNameConflict")]  # the message changed: the owner is another
+    assert conditions(taken)["Ready"] == ("True", "Reconciled")
+    assert events(taken) == [("Normal", "ServiceNameClaimed")]
+    assert taken.cleared == frozenset()
+
+
+def test_the_conflict_does_not_touch_the_conclusions_of_an_owner() -> None:
+    plain, with_claim = run(reconciled())[0], run(owned())[0]
+    assert plain.status == with_claim.status
+    assert plain.events == with_claim.events
+
+
+@pytest.mark.parametrize(
+    ("deleted", "holder", "expected"),
+    [
+        (DeclareOutcome(TOPOLOGY, "h"), OWNER, [("Warning", "ServiceNameConflict")]),
+        (DeclareOutcome(TOPOLOGY, "h", report=outcome.Report()), None, []),
+        (
+            DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down"), report=outcome.Report()),
+            None,
+            [("Warning", "BrokerUnreachable")],
+        ),
+    ],
+)
+def test_deletion_events_of_a_resource_that_owns_or_does_not_own_its_service(
+    deleted: DeclareOutcome, holder: Holder | None, expected: list[tuple[str, str]]
+) -> None:
+    notes = conclude_deletion(deleted, OURS, holder)
+    assert [(note.type, note.reason) for note in notes] == expected
+    if holder is not None:
+        assert notes[0].message == "nothing removed: serviceName 'billing' belongs to shop/billing"
