@@ -20,7 +20,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from celery_event_operator.adapters.broker.events_connection import Subscription
 from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION
 from celery_event_operator.core.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus
 from celery_event_operator.core.broker.alarms import Alarm
@@ -33,6 +32,7 @@ from celery_event_operator.core.errors import (
 from celery_event_operator.core.injection import healing
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.core.lifecycle import stuck as stuck_memory
+from celery_event_operator.core.monitoring.consumer import EventsSubscription
 from celery_event_operator.core.naming import event_exchange_name, handler_queue_name, monitor_queue_name
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import (
@@ -92,7 +92,7 @@ class ServiceKeeper:
         self._status: CeleryEventServiceStatus | None = None  # as last concluded (None: not yet, use the body's)
         self._announced = Announced()
         self._broker: ServiceBroker | None = None
-        self._subscription: Subscription | None = None
+        self._subscription: EventsSubscription | None = None
         self._service: str | None = None
         self._workers: tuple[int | None, float, WorkersOutcome] | None = None  # generation, when, outcome
         self._scaler = steps.ScalerMemory()

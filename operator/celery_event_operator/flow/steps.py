@@ -8,7 +8,6 @@ import datetime
 import logging
 from typing import Any
 
-from celery_event_operator.adapters.broker.events_connection import Subscription
 from celery_event_operator.core import naming
 from celery_event_operator.core.api import conditions
 from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
@@ -25,6 +24,7 @@ from celery_event_operator.core.lifecycle import consumers, costs, long_tasks, s
 from celery_event_operator.core.lifecycle import grace as graces
 from celery_event_operator.core.lifecycle.grace import Grace
 from celery_event_operator.core.lifecycle.stuck import StuckMemory
+from celery_event_operator.core.monitoring.consumer import CONNECTING, EventsSubscription
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.scaling import policy
 from celery_event_operator.core.scaling.depths import counters
@@ -176,12 +176,12 @@ async def alarms(broker: ServiceBroker, max_age: float) -> tuple[Alarm, ...] | N
         return None
 
 
-def monitoring(enabled: bool, subscription: Subscription | None, broker: ServiceBroker | None) -> MonitoringSeen:
+def monitoring(enabled: bool, subscription: EventsSubscription | None, broker: ServiceBroker | None) -> MonitoringSeen:
     """Whether the service's events are consumed, and whether a failure is the consumer's own."""
     if broker is None:
         return MonitoringSeen(enabled, "no usable broker settings (see BrokerReachable)")
     problem = subscription.problem if subscription is not None else None
-    own = problem is not None and problem not in (broker.events.problem, Subscription.CONNECTING)
+    own = problem is not None and problem not in (broker.events.problem, CONNECTING)
     return MonitoringSeen(enabled, problem, own)
 
 

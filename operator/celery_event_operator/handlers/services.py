@@ -14,6 +14,7 @@ import kopf
 from celery_event_operator.core.api.metadata import GROUP
 from celery_event_operator.core.api.models import PLURAL, VERSION
 from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.flow.context import Context
 from celery_event_operator.flow.services import ServiceKeeper
 from celery_event_operator.handlers.monitoring import service_pods
 from celery_event_operator.handlers.posting import events_poster
@@ -26,8 +27,9 @@ def _keeper(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) -> ServiceKee
     """The resource's keeper (kopf keeps one memo per resource, shared by its handlers and daemon)."""
     keeper: ServiceKeeper | None = memo.get("keeper")
     if keeper is None:
+        context: Context = memo.context  # typed: the keeper's ports are checked against the concrete adapters
         keeper = memo["keeper"] = ServiceKeeper(
-            memo.context, body.metadata.namespace or "", body.metadata.name or "", events_poster(body, logger), logger
+            context, body.metadata.namespace or "", body.metadata.name or "", events_poster(body, logger), logger
         )
     return keeper
 
