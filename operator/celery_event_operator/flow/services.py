@@ -127,7 +127,7 @@ class ServiceKeeper:
             await self._write(body, conclusion, {}, annotate)
             return
         self._service = found.service
-        broker, unusable, settings_unavailable = await self._broker_for(found)
+        broker, unusable, settings_unavailable = await self._broker_for(found, self._claimant(body))
         declared = specs.declared_entities(body)
         remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
         # The claim first: nothing of a service another resource owns is declared, configured or consumed.
@@ -311,6 +311,11 @@ class ServiceKeeper:
         finally:
             await brokers.release(broker.key)
 
+    async def _release_claim(self, broker: ServiceBroker, service: str, claimant: Claimant) -> None:
+        released = await steps.release(broker, service, claimant)
+        if isinstance(released, OperatorError):
+            self._logger.warning("the claim of %r on %s stays: %s", service, broker.display, released)
+
     def _claimant(self, body: Mapping[str, Any]) -> Claimant:
         uid = (body.get("metadata") or {}).get("uid")
         return Claimant(self.context.options.installation_id, self.namespace, self.name, str(uid or ""))
@@ -337,10 +342,11 @@ class ServiceKeeper:
         return self._by_generation.get(body, lambda: specs.understand(body))
 
     async def _broker_for(
-        self, understood: specs.Understood
+        self, understood: specs.Understood, claimant: Claimant
     ) -> tuple[ServiceBroker | None, OperatorError | None, str | None]:
         """The broker of the service's current settings (switching when the Secret changed), or why none; and,
-        when the Secret has not been readable for long, why the broker of the settings last read is kept."""
+        when the Secret has not been readable for long, why the broker of the settings last read is kept. Moving
+        to another broker or vhost releases the claim on the one left (new credentials for the same one keep it)."""
         brokers = self.context.brokers
         try:
             settings = await brokers.settings(self.namespace, understood.spec)
@@ -357,6 +363,8 @@ class ServiceKeeper:
             return None, exc, None
         if self._broker is not None:
             self._logger.info("broker settings of %s changed: moving to %s", self.name, broker.display)
+            if self._owner and broker.display != self._broker.display:
+                await self._release_claim(self._broker, understood.service, claimant)
         await self._let_go()
         self._broker = broker
         return broker, None, None

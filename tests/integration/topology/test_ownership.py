@@ -4,6 +4,7 @@ operator on the emulated API, a real RabbitMQ (the claim is an exchange on it)."
 
 from __future__ import annotations
 
+import base64
 import pathlib
 import time
 from collections.abc import Iterator
@@ -271,3 +272,35 @@ def test_an_upgrade_with_two_resources_on_one_topology_settles_on_one_owner_and_
         assert ready(kube_api, owner)["status"] == "True"
     finally:
         process.stop()
+
+
+def test_an_owner_moving_to_another_vhost_leaves_the_name_to_the_next_claimant(
+    kube_api: EmulatedApi,
+    running: OperatorProcess,
+    rabbitmq_management: rabbitmq.Management,
+    amqp_url: str,
+    test_vhost: str,
+) -> None:
+    create(kube_api, OWNER, owner_body())
+    eventually(lambda: ready(kube_api, OWNER).get("status") == "True")
+    create(kube_api, SECOND, second_body())
+    eventually(lambda: refused_naming(kube_api, SECOND, "shop/billing"))
+
+    elsewhere = rabbitmq.create_vhost(rabbitmq_management)
+    try:
+        url = rabbitmq.url_with_vhost(amqp_url, elsewhere)
+        kube_api.client.merge_patch(
+            f"/api/v1/namespaces/{OWNER}/secrets/rabbitmq", {"data": {"url": base64.b64encode(url.encode()).decode()}}
+        )
+
+        def owner_there() -> bool:
+            queues = set(rabbitmq.snapshot(rabbitmq_management, elsewhere)["queues"])
+            return CREATED in queues
+
+        eventually(owner_there, timeout=40, message="the owner never moved")
+        eventually(lambda: ready(kube_api, SECOND).get("status") == "True", timeout=15, message="never taken over")
+        claim = f"/exchanges/{rabbitmq_management.vhost_path(test_vhost)}/{owner_exchange_name('billing')}"
+        assert rabbitmq_management.request("GET", claim)["arguments"]["x-owner-namespace"] == SECOND
+        assert ready(kube_api, OWNER)["status"] == "True"
+    finally:
+        rabbitmq.delete_vhost(rabbitmq_management, elsewhere)
