@@ -52,7 +52,7 @@ from celery_event_operator.core.service.observations import (
     QueuesSeen,
     ScalingSeen,
 )
-from celery_event_operator.core.service.ownership import Claimant, Holder
+from celery_event_operator.core.service.ownership import Claim, Claimant, Holder
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod
 from celery_event_operator.core.topology.outcome import DeclareOutcome
 from celery_event_operator.flow import steps
@@ -122,29 +122,33 @@ class ServiceKeeper:
             # An immutable field changed: nothing is touched (a renamed service would get a second topology).
             await self._let_go()
             invalid = found if isinstance(found, InvalidSpecError) else changed
-            conclusion = self._conclude(body, Observations(generation, invalid=invalid))
-            self.context.metrics.count_reconcile(False)
-            await self._write(body, conclusion, {}, annotate)
+            await self._write_unacted(body, Observations(generation, invalid=invalid), {}, annotate)
             return
         self._service = found.service
-        broker, unusable, settings_unavailable = await self._broker_for(found, self._claimant(body))
+        claimant = self._claimant(body)
+        broker, unusable, settings_unavailable = await self._broker_for(found, claimant)
         declared = specs.declared_entities(body)
         remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
         # The claim first: nothing of a service another resource owns is declared, configured or consumed.
-        claimed = await steps.claim(broker, found.service, self._claimant(body)) if broker is not None else None
+        claimed = await steps.claim(broker, found.service, claimant) if broker is not None else None
         ownership = None
-        if isinstance(claimed, OperatorError):
-            unusable, broker = claimed, None
-        elif claimed is not None and broker is not None:
+        if isinstance(claimed, Claim) and broker is not None:
+            ownership = OwnershipSeen(found.service, claimant, claimed, broker.display)
             self._owner = claimed.ours
-            ownership = OwnershipSeen(found.service, self._claimant(body), claimed, broker.display)
             if not claimed.ours:
                 await self._stop_events(found.service)
-                conclusion = self._conclude(body, Observations(generation, found.spec, ownership=ownership))
-                self.context.metrics.count_reconcile(False)
-                await self._write(body, conclusion, remembered, annotate)
+                seen = Observations(generation, found.spec, ownership=ownership)
+                await self._write_unacted(body, seen, remembered, annotate)
                 return
-        topology = await steps.declare(broker, unusable, found.topology, declared)
+        if isinstance(claimed, OperatorError) and broker is not None:
+            # Not known whose the service is this time: nothing declared; the rest stays as the last claim left it.
+            topology = DeclareOutcome(found.topology, broker.display, claimed)
+            if not self._owner:
+                seen = Observations(generation, found.spec, topology=topology)
+                await self._write_unacted(body, seen, remembered, annotate)
+                return
+        else:
+            topology = await steps.declare(broker, unusable, found.topology, declared)
         workers = await self._workers_outcome(body, found, pods)
         # The Kubernetes API did not answer a read of this pass: asked again soon, not a whole resync later.
         self._api_retry = (
@@ -173,6 +177,15 @@ class ServiceKeeper:
         conclusion = self._conclude(body, seen)
         self.context.metrics.count_reconcile(conclusion.ready)
         await self._write(body, conclusion, {**conclusion.annotations, **remembered}, annotate)
+
+    async def _write_unacted(
+        self, body: Mapping[str, Any], seen: Observations, annotations: dict[str, str], annotate: Annotate | None
+    ) -> None:
+        """The conclusion of a reconcile that acted on nothing of the service (an invalid spec, a service another
+        resource owns, or one not known to be this resource's when the broker could not be asked)."""
+        conclusion = self._conclude(body, seen)
+        self.context.metrics.count_reconcile(False)
+        await self._write(body, conclusion, annotations, annotate)
 
     async def status_pass(self, body: Mapping[str, Any], pods: PodsOf) -> None:
         """Queue lengths into status, the autoscaling decision, healing, the consumer's condition."""

@@ -291,6 +291,20 @@ async def test_a_claim_that_cannot_be_made_is_a_broker_failure_and_nothing_is_de
     assert harness.condition("BrokerReachable") == ("False", "BrokerUnreachable")
 
 
+async def test_a_refused_resource_that_cannot_claim_this_time_still_configures_and_consumes_nothing() -> None:
+    broker = FakeBroker()
+    owner, second = Harness(resource(), broker), Harness(in_namespace("shop2", "u2"), broker)
+    await owner.reconcile()
+    await second.reconcile()
+    broker.claim_failure = BrokerUnavailableError("down")
+    await second.reconcile()
+    await second.status_pass()
+    assert second.cluster.made("sync_workers") == []
+    assert len(broker.events.subscriptions) == 1, "only the owner's"
+    assert broker.declares == [("billing", False)]
+    assert second.condition("BrokerReachable") == ("False", "BrokerUnreachable")
+
+
 async def test_closing_lets_go_of_the_consumer_broker_and_series() -> None:
     harness = Harness(resource())
     await harness.reconcile()
