@@ -23,6 +23,7 @@ from typing import Any
 from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION
 from celery_event_operator.core.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus
 from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import (
     BrokerUnavailableError,
     InvalidSpecError,
@@ -105,6 +106,7 @@ class ServiceKeeper:
         self._api_retry = False  # the last reconcile met the Kubernetes API not answering
         self._by_generation = specs.GenerationCache[specs.Understood | InvalidSpecError](1)
         self._owner = True  # the last claim on the service's topology was ours (or none was made yet)
+        self._settings: BrokerSettings | None = None  # the broker settings last read from the Secret
 
     # --- the two passes ---------------------------------------------------------------------
 
@@ -290,8 +292,9 @@ class ServiceKeeper:
         if isinstance(outcome.failure, BrokerUnavailableError | KubeUnavailableError) and not last_try:
             self._logger.warning("%s; deletion tried again later", outcome.failure)
             return str(outcome.failure)
-        if holder is not None or remove or outcome.failure is not None:
-            self.post(conclude_deletion(outcome, self._claimant(body), holder))
+        notes = conclude_deletion(outcome, self._claimant(body), holder, removing=remove)
+        if notes:
+            self.post(notes)
         return None
 
     async def _delete_entities(
@@ -302,7 +305,14 @@ class ServiceKeeper:
             return None, None
         brokers = self.context.brokers
         try:
-            broker = brokers.acquire(await brokers.settings(self.namespace, found.spec))
+            try:
+                settings = await brokers.settings(self.namespace, found.spec)
+            except OperatorError:
+                if self._settings is None:
+                    raise
+                # The Secret went first (its namespace is being deleted): the broker last used is the one it owns.
+                settings = self._settings
+            broker = brokers.acquire(settings)
         except OperatorError as exc:
             return DeclareOutcome(found.topology, failure=exc), None
         claimant = self._claimant(body)
@@ -363,6 +373,7 @@ class ServiceKeeper:
         brokers = self.context.brokers
         try:
             settings = await brokers.settings(self.namespace, understood.spec)
+            self._settings = settings
             if self._broker is not None and self._broker.key == settings.key:
                 return self._broker, None, None
             broker = brokers.acquire(settings)  # its TLS material is checked here

@@ -304,3 +304,20 @@ def test_an_owner_moving_to_another_vhost_leaves_the_name_to_the_next_claimant(
         assert ready(kube_api, OWNER)["status"] == "True"
     finally:
         rabbitmq.delete_vhost(rabbitmq_management, elsewhere)
+
+
+def test_an_owner_deleted_with_its_namespace_releases_the_name_though_its_secret_went_first(
+    kube_api: EmulatedApi, running: OperatorProcess
+) -> None:
+    """`kubectl delete namespace` removes the Secret at once while the resource waits for its finalizer."""
+    create(kube_api, OWNER, owner_body())
+    eventually(lambda: ready(kube_api, OWNER).get("status") == "True")
+    create(kube_api, SECOND, second_body())
+    eventually(lambda: refused_naming(kube_api, SECOND, "shop/billing"))
+
+    kube_api.client.delete(f"/api/v1/namespaces/{OWNER}/secrets/rabbitmq")
+    # Once the operator saw it gone (past its cache of a Secret's settings), the deletion cannot read it either.
+    eventually(lambda: ready(kube_api, OWNER).get("reason") == "BrokerSecretInvalid", timeout=30)
+    kube_api.client.delete(ces_path(OWNER))
+    eventually(lambda: gone(kube_api.client, ces_path(OWNER)), timeout=20)
+    eventually(lambda: ready(kube_api, SECOND).get("status") == "True", timeout=15, message="never taken over")

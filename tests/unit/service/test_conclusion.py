@@ -600,10 +600,12 @@ def test_status_of_a_body_keeps_what_fits_the_schema() -> None:
 
 def test_deletion_events() -> None:
     report = outcome.Report(removed=["billing.e"], kept=[outcome.QueueState("billing:archived", None, 2, 0)])
-    notes = conclude_deletion(DeclareOutcome(TOPOLOGY, "h", report=report), CLAIMANT)
+    notes = conclude_deletion(DeclareOutcome(TOPOLOGY, "h", report=report), CLAIMANT, removing=True)
     assert [(n.type, n.reason) for n in notes] == [("Normal", "Removed"), ("Warning", "KeptNonEmpty")]
     assert "billing:archived (2 messages)" in notes[1].message
-    unreachable = conclude_deletion(DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down")), CLAIMANT)
+    unreachable = conclude_deletion(
+        DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down")), CLAIMANT, removing=True
+    )
     assert [(n.type, n.reason, n.message) for n in unreachable] == [
         ("Warning", "BrokerUnreachable", "the service's queues were not removed: down")
     ]

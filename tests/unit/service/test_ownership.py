@@ -3,6 +3,8 @@ status and Events a resource that does not own its service concludes — tables 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from celery_event_operator.core.errors import BrokerUnavailableError
@@ -94,22 +96,27 @@ def test_the_conflict_does_not_touch_the_conclusions_of_an_owner() -> None:
     assert plain.events == with_claim.events
 
 
+RETAIN_FAILED = DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down"))
+
+
 @pytest.mark.parametrize(
-    ("deleted", "holder", "expected"),
+    ("deleted", "holder", "removing", "expected"),
     [
-        (DeclareOutcome(TOPOLOGY, "h"), OWNER, [("Warning", "ServiceNameConflict")]),
-        (DeclareOutcome(TOPOLOGY, "h", report=outcome.Report()), None, []),
-        (
-            DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down"), report=outcome.Report()),
-            None,
-            [("Warning", "BrokerUnreachable")],
-        ),
+        (DeclareOutcome(TOPOLOGY, "h"), OWNER, True, [("Warning", "ServiceNameConflict", "nothing removed: "
+         "serviceName 'billing' belongs to shop/billing")]),
+        (DeclareOutcome(TOPOLOGY, "h"), OWNER, False, [("Warning", "ServiceNameConflict", "nothing removed: "
+         "serviceName 'billing' belongs to shop/billing")]),
+        (DeclareOutcome(TOPOLOGY, "h"), None, False, []),  # retain: the claim released quietly
+        (DeclareOutcome(TOPOLOGY, "h", report=outcome.Report()), None, True, []),
+        (RETAIN_FAILED, None, False, [("Warning", "BrokerUnreachable",
+         "the claim on serviceName 'billing' was not released: down")]),
+        (dataclasses.replace(RETAIN_FAILED, report=outcome.Report()), None, True, [("Warning", "BrokerUnreachable",
+         "the claim on serviceName 'billing' was not released: down")]),
+        (RETAIN_FAILED, None, True, [("Warning", "BrokerUnreachable", "the service's queues were not removed: down")]),
     ],
-)
+)  # fmt: skip
 def test_deletion_events_of_a_resource_that_owns_or_does_not_own_its_service(
-    deleted: DeclareOutcome, holder: Holder | None, expected: list[tuple[str, str]]
+    deleted: DeclareOutcome, holder: Holder | None, removing: bool, expected: list[tuple[str, str, str]]
 ) -> None:
-    notes = conclude_deletion(deleted, OURS, holder)
-    assert [(note.type, note.reason) for note in notes] == expected
-    if holder is not None:
-        assert notes[0].message == "nothing removed: serviceName 'billing' belongs to shop/billing"
+    notes = conclude_deletion(deleted, OURS, holder, removing=removing)
+    assert [(note.type, note.reason, note.message) for note in notes] == expected

@@ -227,16 +227,19 @@ def _was_conflict(state: _Conditions) -> bool:
 
 
 def conclude_deletion(
-    outcome: DeclareOutcome, claimant: ownership.Claimant, holder: ownership.Holder | None = None
+    outcome: DeclareOutcome, claimant: ownership.Claimant, holder: ownership.Holder | None = None, *, removing: bool
 ) -> tuple[EventNote, ...]:
-    """Events for a deletion: what `deletionPolicy: delete` removed and kept, or that nothing was removed because
-    another resource (`holder`) owns the service, or why the claim could not be released."""
+    """Events for a deletion: what `deletionPolicy: delete` (`removing`) removed and kept, or that nothing was
+    removed because another resource (`holder`) owns the service, or why the claim could not be released."""
+    service = outcome.topology.service
     if holder is not None:
-        owner = holder.describe(claimant)
-        message = f"nothing removed: serviceName {outcome.topology.service!r} belongs to {owner}"
+        message = f"nothing removed: serviceName {service!r} belongs to {holder.describe(claimant)}"
         return (EventNote("Warning", ownership.CONFLICT_REASON, message),)
-    if outcome.failure is not None and outcome.report is not None:
-        return (EventNote("Warning", outcome.failure.reason, f"the claim was not released: {outcome.failure}"),)
+    if outcome.failure is not None and (outcome.report is not None or not removing):
+        message = f"the claim on serviceName {service!r} was not released: {outcome.failure}"
+        return (EventNote("Warning", outcome.failure.reason, message),)
+    if not removing:
+        return ()
     if outcome.failure is not None or outcome.report is None:
         reason = outcome.failure.reason if outcome.failure is not None else "BrokerUnreachable"
         return (EventNote("Warning", reason, f"the service's queues were not removed: {outcome.failure}"),)
