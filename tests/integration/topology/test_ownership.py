@@ -109,6 +109,10 @@ def fill(url: str) -> None:
             producer.publish({"n": number}, exchange="events", routing_key="orders.order.created")
 
 
+def condition_of(body: dict[str, Any], type: str) -> dict[str, Any]:
+    return next((c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == type), {})
+
+
 def consumers_of(management: rabbitmq.Management, vhost: str, queue: str) -> int:
     path = management.vhost_path(vhost)
     return int(management.request("GET", f"/queues/{path}/{queue}").get("consumers", 0))
@@ -153,6 +157,20 @@ def test_a_second_resource_is_refused_and_its_deletion_touches_nothing_of_the_ow
     assert consumers_of(rabbitmq_management, test_vhost, "billing.celeryev") == 1, "only the owner's consumer"
     assert 'namespace="shop2"' not in running.scrape(), "no series of a service it does not keep"
     assert ready(kube_api, OWNER)["status"] == "True"
+
+    # A replay of the second's service waits as for any service that is not Ready, naming the owner.
+    replays = f"/apis/celeryevents.io/v1alpha1/namespaces/{SECOND}/celeryeventreplays"
+    replay = {"apiVersion": "celeryevents.io/v1alpha1", "kind": "CeleryEventReplay", "metadata": {"name": "again"}}
+    kube_api.client.create(replays, replay | {"spec": {"serviceRef": {"name": "billing"}, "action": "replay"}})
+
+    def held() -> dict[str, Any]:
+        found = condition_of(kube_api.client.get(f"{replays}/again"), "Succeeded")
+        assert found.get("reason") == "ServiceNotReady"
+        return found
+
+    waiting = eventually(held, timeout=20, message="the replay was not held")
+    assert "ServiceNameConflict" in waiting["message"]
+    assert "belongs to shop/billing" in waiting["message"]
 
     kube_api.client.delete(ces_path(SECOND))
     eventually(lambda: gone(kube_api.client, ces_path(SECOND)), timeout=20, message="the second was never deleted")
