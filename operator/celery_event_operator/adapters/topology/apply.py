@@ -271,14 +271,14 @@ def inspect(connection: Connection, topology: Topology) -> list[EntityState]:
 
 def claim(connection: Connection, service: str, arguments: dict[str, str]) -> str | None:
     """Claim the service's topology (core/service/ownership.py): None when the claim is ours (made now or before),
-    else the broker's refusal, which names the value it holds."""
-    channel = _Channel(connection)
+    else the broker's refusal, which names the value it holds. On the resync channel: one round trip per resync
+    (a refusal closes the channel; py-amqp reopens it under the same object)."""
+    channel = _resync_channel(connection)
+    name = naming.owner_exchange_name(service)
     try:
-        _declare_claim(channel, service, arguments)
+        channel.exchange_declare(name, "fanout", durable=True, auto_delete=False, arguments=dict(arguments))
     except amqp.exceptions.PreconditionFailed as exc:
         return str(getattr(exc, "reply_text", "") or exc)
-    finally:
-        channel.close()
     return None
 
 
