@@ -19,8 +19,9 @@ from celery_event_operator.core.naming import owner_exchange_name
 from celery_event_operator.core.topology import plan
 from tests.conftest import billing_sample, create_broker_secret
 from tests.support import rabbitmq
-from tests.support.kube import EmulatedApi, condition, eventually, gone
+from tests.support.kube import EmulatedApi, condition, gone
 from tests.support.kube import events as events_of
+from tests.support.kube import eventually as eventually_within
 from tests.support.operator_process import OperatorProcess
 
 RESYNC = 1.0
@@ -28,6 +29,12 @@ OWNER, SECOND = "shop", "shop2"
 CREATED, CANCELLED = "billing.orders.order.created", "billing.orders.order.cancelled"
 ARCHIVE_MESSAGES, HANDLER_MESSAGES = 3, 5
 OLD = "as the version before claims said"
+WAIT = 30.0
+
+
+def eventually(probe: Any, timeout: float = WAIT, **more: Any) -> Any:
+    """Waits of this file: long enough for two test processes on two cores, each with operators of its own."""
+    return eventually_within(probe, timeout=max(timeout, WAIT), **more)
 
 
 def ces_path(namespace: str, name: str = "billing") -> str:
@@ -339,3 +346,45 @@ def test_an_owner_deleted_with_its_namespace_releases_the_name_though_its_secret
     kube_api.client.delete(ces_path(OWNER))
     eventually(lambda: gone(kube_api.client, ces_path(OWNER)), timeout=20)
     eventually(lambda: ready(kube_api, SECOND).get("status") == "True", timeout=15, message="never taken over")
+
+
+def test_a_changed_installation_id_keeps_each_resource_its_own_name(
+    kube_api: EmulatedApi,
+    secrets: str,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The claim names the resource by its uid too: the same resource under a new --installation-id is the owner."""
+
+    def operator(installation: str) -> OperatorProcess:
+        log = tmp_path / f"operator-{installation}.log"
+        args = ("--installation-id", installation)
+        return OperatorProcess(kube_api.kubeconfig, log, *args, resync_seconds=RESYNC, webhook=False).start()
+
+    claim = f"/exchanges/{rabbitmq_management.vhost_path(test_vhost)}/{owner_exchange_name('billing')}"
+    process = operator("first-name")
+    try:
+        create(kube_api, OWNER, owner_body())
+        eventually(lambda: ready(kube_api, OWNER).get("status") == "True")
+        create(kube_api, SECOND, second_body())
+        eventually(lambda: refused_naming(kube_api, SECOND, "shop/billing"))
+    finally:
+        process.stop()
+    process = operator("second-name")
+    try:
+
+        def renamed() -> dict[str, Any]:
+            found: dict[str, Any] = rabbitmq_management.request("GET", claim)["arguments"]
+            assert found["x-owner-installation"] == "second-name"
+            return found
+
+        arguments = eventually(renamed, timeout=15, message="the claim was never taken over under the new id")
+        assert arguments["x-owner-namespace"] == OWNER
+        time.sleep(2 * RESYNC)
+        assert ready(kube_api, OWNER)["status"] == "True"
+        assert refused_naming(kube_api, SECOND, "shop/billing")
+        assert rabbitmq_management.request("GET", claim)["arguments"]["x-owner-namespace"] == OWNER
+        assert events_of(kube_api, "ServiceNameConflict", OWNER) == []
+    finally:
+        process.stop()

@@ -120,3 +120,17 @@ def test_deletion_events_of_a_resource_that_owns_or_does_not_own_its_service(
 ) -> None:
     notes = conclude_deletion(deleted, OURS, holder, removing=removing)
     assert [(note.type, note.reason, note.message) for note in notes] == expected
+
+
+@pytest.mark.parametrize(
+    ("holder", "ours"),
+    [
+        (holder_of(Claimant("old-id", "shop2", "billing", "uid-2").arguments(), ""), True),  # renamed installation
+        (holder_of(None, "... but current is 'old-id/shop2/billing/uid-2'"), True),
+        (OWNER, False),
+        (holder_of(None, "... but current is 'abc~0123'"), False),  # shortened: its uid cannot be read
+        (Holder(None), False),
+    ],
+)
+def test_a_claim_of_the_same_resource_under_another_installation_id_is_its_own(holder: Holder, ours: bool) -> None:
+    assert holder.same_resource_as(OURS) is ours

@@ -12,6 +12,7 @@ or, without a management API, from passive declares of the service's queues (rea
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -68,9 +69,20 @@ class Broker:
             raise BrokerRefusedError(message) from None
 
     async def claim(self, service: str, claimant: Claimant) -> Claim:
-        """Claim the service's topology for `claimant` (ownership.py); who holds it when it is not ours."""
+        """Claim the service's topology for `claimant` (ownership.py); who holds it when it is not ours. A claim the
+        same resource made under another installation id is taken over."""
         refusal = await self._claim_operation(apply.claim, service, claimant)
-        return Claim() if refusal is None else Claim(await self._holder(service, refusal))
+        if refusal is None:
+            return Claim()
+        holder = await self._holder(service, refusal)
+        if holder.id is not None and holder.same_resource_as(claimant):
+            take_over = functools.partial(apply.take_over, held=holder.id)
+            refusal = await self._claim_operation(take_over, service, claimant)
+            if refusal is None:
+                logger.info("claim of %r taken over from installation %r", service, holder.installation)
+                return Claim()
+            holder = await self._holder(service, refusal)
+        return Claim(holder)
 
     async def release(self, service: str, claimant: Claimant) -> Claim:
         """Release the service's claim when it is `claimant`'s (deleted last, after its entities)."""

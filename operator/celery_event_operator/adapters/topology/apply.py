@@ -18,6 +18,7 @@ import amqp
 from kombu.connection import Connection
 
 from celery_event_operator.core import naming
+from celery_event_operator.core.service import ownership
 from celery_event_operator.core.topology import declared, plan
 from celery_event_operator.core.topology.declared import Declared, DeclaredQueue
 from celery_event_operator.core.topology.outcome import EntityState, Problem, QueueState, Report
@@ -294,6 +295,13 @@ def release(connection: Connection, service: str, arguments: dict[str, str]) -> 
     finally:
         channel.close()
     return None
+
+
+def take_over(connection: Connection, service: str, arguments: dict[str, str], *, held: str) -> str | None:
+    """Release the claim held under id `held` (it stays when it is held under another by now) and claim it with
+    `arguments`: None when the claim is ours."""
+    refusal = release(connection, service, {ownership.ID_ARGUMENT: held})
+    return refusal if refusal is not None else claim(connection, service, arguments)
 
 
 def _declare_claim(channel: _Channel, service: str, arguments: dict[str, str]) -> None:

@@ -65,6 +65,12 @@ class Holder:
     namespace: str | None = None
     name: str | None = None
     installation: str | None = None
+    uid: str | None = None
+
+    def same_resource_as(self, claimant: Claimant) -> bool:
+        """Whether this claim is `claimant`'s own under another installation id (the option was changed): the uid
+        names one resource, whatever the installation."""
+        return self.id is not None and bool(claimant.uid) and self.uid == claimant.uid
 
     def describe(self, ours: Claimant) -> str:
         if self.namespace is not None and self.name is not None:
@@ -81,16 +87,18 @@ def holder_of(arguments: Mapping[str, Any] | None, refusal: str) -> Holder:
     """The holder of a claim from the claim exchange's arguments (the management API), else from the broker's
     refusal text (which names the held id unless it was too long to fit)."""
     if arguments and isinstance(arguments.get(ID_ARGUMENT), str):
-        parts = (arguments.get(NAMESPACE_ARGUMENT), arguments.get(NAME_ARGUMENT), arguments.get(INSTALLATION_ARGUMENT))
-        namespace, name, installation = (part if isinstance(part, str) else None for part in parts)
-        return Holder(str(arguments[ID_ARGUMENT]), namespace, name, installation)
+        keys = (NAMESPACE_ARGUMENT, NAME_ARGUMENT, INSTALLATION_ARGUMENT, UID_ARGUMENT)
+        namespace, name, installation, uid = (
+            found if isinstance(found := arguments.get(key), str) else None for key in keys
+        )
+        return Holder(str(arguments[ID_ARGUMENT]), namespace, name, installation, uid)
     match = _HELD_IN_REFUSAL.search(refusal)
     if match is None:
         return Holder(None)
     held = match.group(1)
     pieces = held.split("/")
     if len(pieces) >= 4 and "~" not in held:  # installation/namespace/name/uid (the installation may hold "/")
-        return Holder(held, pieces[-3], pieces[-2], "/".join(pieces[:-3]))
+        return Holder(held, pieces[-3], pieces[-2], "/".join(pieces[:-3]), pieces[-1])
     return Holder(held)
 
 
