@@ -344,11 +344,12 @@ class ServiceKeeper:
         return Claimant(self.context.options.installation_id, self.namespace, self.name, str(uid or ""))
 
     async def _stop_events(self, service: str) -> None:
-        """No events consumer, and no series, for a service this resource does not own."""
+        """No events consumer, no series and no status passes counted for a service this resource does not own."""
         if self._subscription is not None and self._broker is not None:
             self._broker.events.unsubscribe(self._subscription)
         self._subscription = None
         self.context.metrics.remove(self.namespace, service)
+        self.context.metrics.forget_status(self.namespace, self.name)
 
     async def close(self) -> None:
         """The resource is gone (or the operator stops): its consumer, broker and series let go."""

@@ -18,6 +18,7 @@ from celery_event_operator.core.errors import (
 )
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.conclusion import EventNote
+from celery_event_operator.core.service.ownership import Claimant
 from celery_event_operator.core.service.pods import WorkerPod
 from celery_event_operator.flow.services import ServiceKeeper
 from tests.unit.flow.fakes import FakeBroker, FakeBrokers, FakeCluster, FakeContext, RecordingLogger, resource
@@ -289,6 +290,23 @@ async def test_a_claim_that_cannot_be_made_is_a_broker_failure_and_nothing_is_de
     await harness.reconcile()
     assert harness.broker.declares == []
     assert harness.condition("BrokerReachable") == ("False", "BrokerUnreachable")
+
+
+async def test_an_owner_whose_claim_another_took_lets_go_of_everything_it_kept() -> None:
+    """The claim exchange deleted by hand, and another resource's resync claimed the name first."""
+    harness = Harness(resource())
+    await harness.reconcile()
+    await harness.status_pass()
+    assert ("shop", "billing") in harness.context.metrics.status_passes
+    harness.broker.claims["billing"] = Claimant("operator", "shop2", "billing", "u2")
+    await harness.reconcile()
+    await harness.status_pass()
+    assert harness.condition("Ready") == ("False", "ServiceNameConflict")
+    assert harness.broker.events.subscriptions == []
+    assert harness.context.metrics.find("shop", "billing") is None
+    assert ("shop", "billing") not in harness.context.metrics.status_passes, "no stale status age to alert on"
+    assert "queueLength" not in harness.body["status"]
+    assert harness.broker.declares == [("billing", False)]
 
 
 async def test_a_refused_resource_that_cannot_claim_this_time_still_configures_and_consumes_nothing() -> None:
