@@ -135,7 +135,7 @@ def conclude(
     resource shows), with the Events worth posting and the annotations to change."""
     state = _Conditions(previous.conditions, seen.generation, now)
     if seen.ownership is not None and not seen.ownership.claim.ours:
-        return _conflict(previous, state, seen.ownership, announced)
+        return _conflict(previous, state, seen.ownership)
     if seen.ownership is not None and _was_conflict(state):
         claimed = f"serviceName {seen.ownership.service!r} is this resource's now: its owner is gone"
         state.events.append(EventNote("Normal", ownership.CLAIMED_REASON, claimed))
@@ -202,11 +202,10 @@ _NOT_OWNED_FIELDS = {
 }
 
 
-def _conflict(
-    previous: CeleryEventServiceStatus, state: _Conditions, seen: OwnershipSeen, announced: Announced
-) -> Conclusion:
+def _conflict(previous: CeleryEventServiceStatus, state: _Conditions, seen: OwnershipSeen) -> Conclusion:
     """Another resource owns the service's topology: Ready=False naming it (one Warning per change of owner), and
-    nothing said of queues, workers or events this resource does not keep."""
+    nothing said of queues, workers or events this resource does not keep (what was announced of them is
+    forgotten: announced again once it keeps them)."""
     holder = seen.claim.holder
     assert holder is not None
     state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {seen.broker}", announce=False)
