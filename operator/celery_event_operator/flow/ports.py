@@ -61,6 +61,11 @@ class ServiceBroker(Protocol):
         the broker cannot be reached or refuses otherwise."""
         ...
 
+    async def claim_at_deletion(self, service: str, claimant: Claimant) -> Claim:
+        """As `claim`, telling too whether the claim is fresh: nobody held it before (a resource being deleted that
+        never claimed its service owns none of it)."""
+        ...
+
     async def release(self, service: str, claimant: Claimant) -> Claim:
         """Release the service's claim when it is ours (ours: released; else who holds it)."""
         ...

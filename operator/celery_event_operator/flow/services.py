@@ -42,6 +42,7 @@ from celery_event_operator.core.service.conclusion import (
     PostEvents,
     conclude,
     conclude_deletion,
+    conclude_unclaimed_deletion,
     status_of,
 )
 from celery_event_operator.core.service.observations import (
@@ -55,7 +56,7 @@ from celery_event_operator.core.service.observations import (
 )
 from celery_event_operator.core.service.ownership import Claim, Claimant, Holder
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod
-from celery_event_operator.core.topology.outcome import DeclareOutcome
+from celery_event_operator.core.topology.outcome import DeclareOutcome, Report
 from celery_event_operator.flow import steps
 from celery_event_operator.flow.ports import KeeperContext, ServiceBroker
 from celery_event_operator.flow.writer import Annotate, StatusWriter
@@ -317,14 +318,18 @@ class ServiceKeeper:
             return DeclareOutcome(found.topology, failure=exc), None
         claimant = self._claimant(body)
         try:
-            # Claimed (or confirmed ours) before anything is removed: another's entities are never touched.
-            claimed = await steps.claim(broker, found.service, claimant)
+            # Confirmed ours before anything is removed: another's entities are never touched, nor those of a name
+            # nobody claimed (a resource of the version before claims, its sibling not reconciled yet).
+            claimed = await steps.claim_at_deletion(broker, found.service, claimant)
             if isinstance(claimed, OperatorError):
                 return DeclareOutcome(found.topology, broker.display, claimed), None
             if not claimed.ours:
                 return DeclareOutcome(found.topology, broker.display), claimed.holder
             outcome = DeclareOutcome(found.topology, broker.display)
-            if remove:
+            if remove and claimed.fresh:
+                self.post(conclude_unclaimed_deletion(found.service))
+                outcome = DeclareOutcome(found.topology, broker.display, report=Report())  # nothing removed
+            elif remove:
                 outcome = await steps.declare(broker, None, found.topology, specs.declared_entities(body), remove=True)
             if outcome.failure is None:  # released last: until then no other resource declares anything of it
                 released = await steps.release(broker, found.service, claimant)

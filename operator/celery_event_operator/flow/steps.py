@@ -86,6 +86,15 @@ async def claim(broker: ServiceBroker, service: str, claimant: Claimant) -> Clai
         return exc
 
 
+async def claim_at_deletion(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
+    """The claim confirmed before a deletion removes anything (fresh: nobody held it); the failure when the broker
+    could not be asked."""
+    try:
+        return await broker.claim_at_deletion(service, claimant)
+    except OperatorError as exc:
+        return exc
+
+
 async def release(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
     """The service's claim released when it is ours (its entities removed or kept before); the failure when the
     broker could not be asked."""

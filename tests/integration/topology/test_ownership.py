@@ -388,3 +388,34 @@ def test_a_changed_installation_id_keeps_each_resource_its_own_name(
         assert events_of(kube_api, "ServiceNameConflict", OWNER) == []
     finally:
         process.stop()
+
+
+def test_a_resource_deleted_across_the_upgrade_removes_nothing_its_sibling_uses(
+    kube_api: EmulatedApi,
+    secrets: str,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """Marked for deletion (`deletionPolicy: delete`) while no operator ran, beside a sibling of the same name: when
+    the operator with claims starts, whichever claims first, the deleted one removes nothing."""
+    with Connection(secrets, connect_timeout=5) as connection:
+        apply.apply(connection, plan.plan("billing", parse_spec(owner_body()["spec"])))
+    for namespace in (OWNER, SECOND):
+        body = owner_body(deletionPolicy="delete")
+        body["metadata"]["finalizers"] = ["celeryevents.io/finalizer"]  # as the version before put it
+        create(kube_api, namespace, body)
+    kube_api.client.delete(ces_path(SECOND))
+    before = set(rabbitmq.snapshot(rabbitmq_management, test_vhost)["queues"])
+
+    process = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log", resync_seconds=RESYNC).start()
+    try:
+        eventually(lambda: gone(kube_api.client, ces_path(SECOND)), message="the deleted one was never let go")
+        eventually(lambda: ready(kube_api, OWNER).get("status") == "True")
+        time.sleep(2 * RESYNC)
+        assert set(rabbitmq.snapshot(rabbitmq_management, test_vhost)["queues"]) == before, "nothing removed"
+        told = {event["reason"] for event in events_of(kube_api, "ServiceNameUnclaimed", SECOND)}
+        told |= {event["reason"] for event in events_of(kube_api, "ServiceNameConflict", SECOND)}
+        assert told, "the deletion said why it removed nothing"
+    finally:
+        process.stop()

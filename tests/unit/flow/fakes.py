@@ -64,6 +64,11 @@ class FakeBroker:
         held = self.claims.setdefault(service, claimant)
         return Claim() if held.id == claimant.id else Claim(Holder(held.id, held.namespace, held.name))
 
+    async def claim_at_deletion(self, service: str, claimant: Claimant) -> Claim:
+        existed = service in self.claims
+        found = await self.claim(service, claimant)
+        return dataclasses.replace(found, fresh=found.ours and not existed)
+
     async def release(self, service: str, claimant: Claimant) -> Claim:
         found = await self.claim(service, claimant)
         if found.ours:

@@ -16,6 +16,7 @@ from celery_event_operator.core.errors import (
     KubeUnavailableError,
     ManagementUnavailableError,
 )
+from celery_event_operator.core.options import DEFAULT_INSTALLATION_ID
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.conclusion import EventNote
 from celery_event_operator.core.service.ownership import Claimant
@@ -227,6 +228,7 @@ async def test_deleting_removes_the_services_entities_and_releases_the_broker() 
     await harness.reconcile()
     await harness.status_pass()
     assert harness.broker.declares == [("billing", False), ("billing", True)], "no resync declares them again"
+    harness.broker.claims["billing"] = Claimant(DEFAULT_INSTALLATION_ID, "shop", "billing", "u1")  # a deletion again
     harness.broker.declare_failure = BrokerUnavailableError("down")
     assert await harness.keeper.delete_entities(harness.body, remove=True, last_try=False) == "down", (
         "tried again later"
@@ -321,6 +323,15 @@ async def test_a_refused_resource_that_cannot_claim_this_time_still_configures_a
     assert len(broker.events.subscriptions) == 1, "only the owner's"
     assert broker.declares == [("billing", False)]
     assert second.condition("BrokerReachable") == ("False", "BrokerUnreachable")
+
+
+async def test_deleting_a_resource_that_never_claimed_its_service_removes_nothing() -> None:
+    """The version before claims served it, and its sibling of the same name has not been reconciled yet."""
+    harness = Harness(resource(deletionPolicy="delete"))
+    assert await harness.keeper.delete_entities(harness.body, remove=True, last_try=False) is None
+    assert harness.broker.declares == [], "nothing removed"
+    assert harness.reasons() == ["ServiceNameUnclaimed"]
+    assert harness.broker.claims == {}, "the claim made to check is released"
 
 
 async def test_closing_lets_go_of_the_consumer_broker_and_series() -> None:

@@ -84,6 +84,20 @@ class Broker:
             holder = await self._holder(service, refusal)
         return Claim(holder)
 
+    async def claim_at_deletion(self, service: str, claimant: Claimant) -> Claim:
+        """As `claim`, telling too whether the claim is fresh (nobody held it before)."""
+        arguments = claimant.arguments()
+        try:
+            existed, refusal = await self.control.run_async(
+                lambda connection: apply.claim_existing(connection, service, arguments)
+            )
+        except amqp.exceptions.AMQPError as exc:
+            message = self.settings.address.redact(f"the broker refused an operation: {exc}")
+            raise BrokerRefusedError(message) from None
+        if refusal is not None:
+            return Claim(await self._holder(service, refusal))
+        return Claim(fresh=not existed)
+
     async def release(self, service: str, claimant: Claimant) -> Claim:
         """Release the service's claim when it is `claimant`'s (deleted last, after its entities)."""
         refusal = await self._claim_operation(apply.release, service, claimant)

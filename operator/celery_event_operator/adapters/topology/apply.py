@@ -283,6 +283,20 @@ def claim(connection: Connection, service: str, arguments: dict[str, str]) -> st
     return None
 
 
+def claim_existing(connection: Connection, service: str, arguments: dict[str, str]) -> tuple[bool, str | None]:
+    """Whether a claim of the service existed before, and `claim`'s answer (made now when there was none)."""
+    channel = _Channel(connection)
+    try:
+        channel.call("exchange_declare", naming.owner_exchange_name(service), "fanout", passive=True)
+    except amqp.exceptions.NotFound:
+        existed = False
+    else:
+        existed = True
+    finally:
+        channel.close()
+    return existed, claim(connection, service, arguments)
+
+
 def release(connection: Connection, service: str, arguments: dict[str, str]) -> str | None:
     """Release the service's claim when it is ours (checked by claiming it: a claim held by another stays); None
     when it is released (or there was none), else the refusal that names the holder."""

@@ -225,6 +225,15 @@ def _was_conflict(state: _Conditions) -> bool:
     return found is not None and found.reason == ownership.CONFLICT_REASON
 
 
+def conclude_unclaimed_deletion(service: str) -> tuple[EventNote, ...]:
+    """`deletionPolicy: delete` of a resource that never claimed its service name: it owns none of the entities."""
+    message = (
+        f"nothing removed: serviceName {service!r} was claimed by no resource on this broker (this one never owned "
+        "it); its entities stay"
+    )
+    return (EventNote("Warning", ownership.UNCLAIMED_REASON, message),)
+
+
 def conclude_deletion(
     outcome: DeclareOutcome, claimant: ownership.Claimant, holder: ownership.Holder | None = None, *, removing: bool
 ) -> tuple[EventNote, ...]:

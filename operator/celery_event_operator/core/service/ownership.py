@@ -25,6 +25,7 @@ NAME_ARGUMENT = "x-owner-name"
 UID_ARGUMENT = "x-owner-uid"
 CONFLICT_REASON = "ServiceNameConflict"
 CLAIMED_REASON = "ServiceNameClaimed"  # a resource refused before took the service over
+UNCLAIMED_REASON = "ServiceNameUnclaimed"  # deleted without ever having claimed its service: nothing removed
 # RabbitMQ's refusal names the value it holds: "... received '<ours>' but current is '<theirs>'".
 _HELD_IN_REFUSAL = re.compile(r"but current is (?:the value )?'([^']*)'")
 
@@ -107,6 +108,7 @@ class Claim:
     """What claiming a service's topology found: ours, or held by `holder`."""
 
     holder: Holder | None = None  # None: the claim is ours
+    fresh: bool = False  # ours, made just now: nobody held it before (asked only at deletion)
 
     @property
     def ours(self) -> bool:
