@@ -11,6 +11,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ from celery_event_operator.core.monitoring.state import QUEUE_WAIT_BUCKETS, RUNT
 from celery_event_operator.core.options import OperatorOptions, WebhookOptions
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+INSTALLATION_ID = re.compile(r"[A-Za-z0-9._/-]{1,100}")
 # Commands of other distributions: each entry point of this group names a function that adds its command's
 # subparser (with its handler), so that the operator never imports them. Those a checkout ships are listed with
 # how to install them, which is what the command says when it is absent.
@@ -83,7 +85,14 @@ def operator_options(args: argparse.Namespace) -> OperatorOptions:
         peering=getattr(args, "peering", None),
         priority=_priority(getattr(args, "priority", None)),
         broker_consumer_timeout_seconds=args.broker_consumer_timeout,
+        installation_id=getattr(args, "installation_id", options_module.DEFAULT_INSTALLATION_ID),
     )
+
+
+def _installation_id(value: str) -> str:
+    if not INSTALLATION_ID.fullmatch(value):
+        raise argparse.ArgumentTypeError("1 to 100 letters, digits, '.', '_', '-' or '/'")
+    return value
 
 
 def _priority(given: int | None) -> int:
@@ -412,6 +421,13 @@ def _add_run_command(commands: Any) -> None:
         type=_positive_int,
         default=1,
         help="split the services between this many operator Deployments by a stable hash of namespace/name",
+    )
+    run.add_argument(
+        "--installation-id",
+        type=_installation_id,
+        default=options_module.DEFAULT_INSTALLATION_ID,
+        help="names this operator installation in the claims of service names it makes on shared brokers (the "
+        "chart: its release's namespace/name); installations sharing a broker never act on each other's services",
     )
     run.add_argument(
         "--shard-index", type=int, default=0, help="which of the --shard-count shards this operator keeps (0-based)"

@@ -60,3 +60,9 @@ POD_CONNECTION_PREFIX = "celeryevents.io/pod="
 def pod_connection_name(namespace: str, pod: str) -> str:
     """The client-provided name of a worker pod's broker connections."""
     return f"{POD_CONNECTION_PREFIX}{namespace}/{pod}"
+
+
+def owner_exchange_name(service: str) -> str:
+    """The exchange whose `alternate-exchange` argument names the one resource that owns the service's topology
+    (core/service/ownership.py): the claim lives on the broker, next to what it owns."""
+    return f"{service}:owner"

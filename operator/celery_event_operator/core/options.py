@@ -13,6 +13,9 @@ from celery_event_operator.core.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
 from celery_event_operator.core.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
 
 DEFAULT_RESYNC_SECONDS = 30.0
+# Names this operator installation in the claims it makes on shared brokers (core/service/ownership.py); the
+# chart sets it to its release's namespace/name.
+DEFAULT_INSTALLATION_ID = "celery-event-operator"
 DEFAULT_METRICS_PORT = 9808
 DEFAULT_WEBHOOK_PORT = 9443
 # A replica that stops renewing its peering record (killed) is presumed dead after this long; a standby then
@@ -48,6 +51,7 @@ class OperatorOptions:
     priority: int = 0
     # The brokers' delivery-acknowledgement timeout (rabbitmq.conf `consumer_timeout`): it cannot be read remotely.
     broker_consumer_timeout_seconds: int = DEFAULT_BROKER_CONSUMER_TIMEOUT_SECONDS
+    installation_id: str = DEFAULT_INSTALLATION_ID
 
     def owns(self, namespace: str | None, name: str | None) -> bool:
         """Whether this operator's shard keeps the resource (every replica's webhook still serves all of them)."""

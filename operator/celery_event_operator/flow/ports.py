@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from celery_event_operator.adapters.broker.events_connection import Subscription
-from celery_event_operator.adapters.monitoring.collector import MetricsRegistry
 from celery_event_operator.core.api.models import CeleryEventServiceSpec, ScaleTargetRef
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.injection.outcome import WorkersOutcome
 from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
+from celery_event_operator.core.monitoring.consumer import EventsSubscription
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.ownership import Claim, Claimant
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.outcome import Report
 from celery_event_operator.core.topology.plan import Topology
@@ -31,9 +31,9 @@ class EventsFeed(Protocol):
     @property
     def login_refused(self) -> bool: ...
 
-    def subscribe(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics) -> Subscription: ...
+    def subscribe(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics) -> EventsSubscription: ...
 
-    def unsubscribe(self, subscription: Subscription) -> None: ...
+    def unsubscribe(self, subscription: EventsSubscription) -> None: ...
 
 
 class ServiceBroker(Protocol):
@@ -54,6 +54,20 @@ class ServiceBroker(Protocol):
     async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
         """Apply the plan (with `remove`, delete the service's empty entities); an OperatorError carrying its
         status reason when the broker cannot be reached, refuses or does not support an operation."""
+        ...
+
+    async def claim(self, service: str, claimant: Claimant) -> Claim:
+        """Claim the service's topology (core/service/ownership.py): ours, or who holds it; an OperatorError when
+        the broker cannot be reached or refuses otherwise."""
+        ...
+
+    async def claim_at_deletion(self, service: str, claimant: Claimant) -> Claim:
+        """As `claim`, telling too whether the claim is fresh: nobody held it before (a resource being deleted that
+        never claimed its service owns none of it)."""
+        ...
+
+    async def release(self, service: str, claimant: Claimant) -> Claim:
+        """Release the service's claim when it is ours (ours: released; else who holds it)."""
         ...
 
     async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:
@@ -111,6 +125,24 @@ class ClusterAccess(Protocol):
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
 
 
+class MetricsStore(Protocol):
+    """The metrics of every monitored service, and the operator's own counters (adapters/monitoring/collector.py)."""
+
+    def service(
+        self, namespace: str, service: str, per_pod: bool | None = None, max_task_names: int | None = None
+    ) -> ServiceMetrics: ...  # made when new, with the spec's settings (None: the operator's defaults)
+
+    def find(self, namespace: str, service: str) -> ServiceMetrics | None: ...
+
+    def remove(self, namespace: str, service: str) -> None: ...  # the service's series go
+
+    def status_refreshed(self, namespace: str, name: str, interval: float) -> None: ...
+
+    def forget_status(self, namespace: str, name: str) -> None: ...
+
+    def count_reconcile(self, succeeded: bool) -> None: ...
+
+
 class KeeperContext(Protocol):
     """What every service's keeper is given (flow.context.Context in the operator; fakes in tests)."""
 
@@ -124,4 +156,4 @@ class KeeperContext(Protocol):
     def brokers(self) -> BrokerSource: ...
 
     @property
-    def metrics(self) -> MetricsRegistry: ...
+    def metrics(self) -> MetricsStore: ...

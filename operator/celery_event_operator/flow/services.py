@@ -20,10 +20,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from celery_event_operator.adapters.broker.events_connection import Subscription
 from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION
 from celery_event_operator.core.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus
 from celery_event_operator.core.broker.alarms import Alarm
+from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import (
     BrokerUnavailableError,
     InvalidSpecError,
@@ -33,6 +33,7 @@ from celery_event_operator.core.errors import (
 from celery_event_operator.core.injection import healing
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.core.lifecycle import stuck as stuck_memory
+from celery_event_operator.core.monitoring.consumer import EventsSubscription
 from celery_event_operator.core.naming import event_exchange_name, handler_queue_name, monitor_queue_name
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import (
@@ -41,7 +42,7 @@ from celery_event_operator.core.service.conclusion import (
     PostEvents,
     conclude,
     conclude_deletion,
-    patch_of,
+    conclude_unclaimed_deletion,
     status_of,
 )
 from celery_event_operator.core.service.observations import (
@@ -49,11 +50,13 @@ from celery_event_operator.core.service.observations import (
     LifecycleSeen,
     MonitoringSeen,
     Observations,
+    OwnershipSeen,
     QueuesSeen,
     ScalingSeen,
 )
+from celery_event_operator.core.service.ownership import Claim, Claimant, Holder
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod
-from celery_event_operator.core.topology.outcome import DeclareOutcome
+from celery_event_operator.core.topology.outcome import DeclareOutcome, Report
 from celery_event_operator.flow import steps
 from celery_event_operator.flow.ports import KeeperContext, ServiceBroker
 from celery_event_operator.flow.writer import Annotate, StatusWriter
@@ -91,7 +94,7 @@ class ServiceKeeper:
         self._status: CeleryEventServiceStatus | None = None  # as last concluded (None: not yet, use the body's)
         self._announced = Announced()
         self._broker: ServiceBroker | None = None
-        self._subscription: Subscription | None = None
+        self._subscription: EventsSubscription | None = None
         self._service: str | None = None
         self._workers: tuple[int | None, float, WorkersOutcome] | None = None  # generation, when, outcome
         self._scaler = steps.ScalerMemory()
@@ -103,6 +106,8 @@ class ServiceKeeper:
         self._deleting = False  # the resource is being deleted: its entities are removed, nothing is declared
         self._api_retry = False  # the last reconcile met the Kubernetes API not answering
         self._by_generation = specs.GenerationCache[specs.Understood | InvalidSpecError](1)
+        self._owner = True  # the last claim on the service's topology was ours (or none was made yet)
+        self._settings: BrokerSettings | None = None  # the broker settings last read from the Secret
 
     # --- the two passes ---------------------------------------------------------------------
 
@@ -120,14 +125,33 @@ class ServiceKeeper:
             # An immutable field changed: nothing is touched (a renamed service would get a second topology).
             await self._let_go()
             invalid = found if isinstance(found, InvalidSpecError) else changed
-            conclusion = self._conclude(body, Observations(generation, invalid=invalid))
-            self.context.metrics.count_reconcile(False)
-            await self._write(body, conclusion, {}, annotate)
+            await self._write_unacted(body, Observations(generation, invalid=invalid), {}, annotate)
             return
         self._service = found.service
-        broker, unusable, settings_unavailable = await self._broker_for(found)
+        claimant = self._claimant(body)
+        broker, unusable, settings_unavailable = await self._broker_for(found, claimant)
         declared = specs.declared_entities(body)
-        topology = await steps.declare(broker, unusable, found.topology, declared)
+        remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
+        # The claim first: nothing of a service another resource owns is declared, configured or consumed.
+        claimed = await steps.claim(broker, found.service, claimant) if broker is not None else None
+        ownership = None
+        if isinstance(claimed, Claim) and broker is not None:
+            ownership = OwnershipSeen(found.service, claimant, claimed, broker.display)
+            self._owner = claimed.ours
+            if not claimed.ours:
+                await self._stop_events(found.service)
+                seen = Observations(generation, found.spec, ownership=ownership)
+                await self._write_unacted(body, seen, remembered, annotate)
+                return
+        if isinstance(claimed, OperatorError) and broker is not None:
+            # Not known whose the service is this time: nothing declared; the rest stays as the last claim left it.
+            topology = DeclareOutcome(found.topology, broker.display, claimed)
+            if not self._owner:
+                seen = Observations(generation, found.spec, topology=topology)
+                await self._write_unacted(body, seen, remembered, annotate)
+                return
+        else:
+            topology = await steps.declare(broker, unusable, found.topology, declared)
         workers = await self._workers_outcome(body, found, pods)
         # The Kubernetes API did not answer a read of this pass: asked again soon, not a whole resync later.
         self._api_retry = (
@@ -144,6 +168,7 @@ class ServiceKeeper:
             generation,
             found.spec,
             declared=declared,
+            ownership=ownership,
             topology=topology,
             workers=workers,
             queues=queues,
@@ -154,15 +179,23 @@ class ServiceKeeper:
         )
         conclusion = self._conclude(body, seen)
         self.context.metrics.count_reconcile(conclusion.ready)
-        remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
         await self._write(body, conclusion, {**conclusion.annotations, **remembered}, annotate)
+
+    async def _write_unacted(
+        self, body: Mapping[str, Any], seen: Observations, annotations: dict[str, str], annotate: Annotate | None
+    ) -> None:
+        """The conclusion of a reconcile that acted on nothing of the service (an invalid spec, a service another
+        resource owns, or one not known to be this resource's when the broker could not be asked)."""
+        conclusion = self._conclude(body, seen)
+        self.context.metrics.count_reconcile(False)
+        await self._write(body, conclusion, annotations, annotate)
 
     async def status_pass(self, body: Mapping[str, Any], pods: PodsOf) -> None:
         """Queue lengths into status, the autoscaling decision, healing, the consumer's condition."""
         async with self.lock:
             found = self._understood(body)
             broker = self._broker
-            if isinstance(found, InvalidSpecError) or broker is None or self._deleting:
+            if isinstance(found, InvalidSpecError) or broker is None or self._deleting or not self._owner:
                 return  # the reconcile reports why
             live = pods(found.service)  # one look at the index for the whole pass
             queues, scaling = await self._count(found, broker, pods, live)
@@ -199,7 +232,7 @@ class ServiceKeeper:
     async def _write(
         self, body: Mapping[str, Any], conclusion: Conclusion, annotations: dict[str, str], annotate: Annotate | None
     ) -> None:
-        await self._writer.write(body, patch_of(conclusion.status), annotations, annotate)
+        await self._writer.write(body, conclusion.patch, annotations, annotate)
         if conclusion.events:
             self.post(conclusion.events)
 
@@ -246,35 +279,82 @@ class ServiceKeeper:
         if not isinstance(found, InvalidSpecError):
             self.context.brokers.forget_secret(self.namespace, found.spec.broker.secret_ref.name)
 
-    async def delete_entities(self, body: Mapping[str, Any], *, last_try: bool) -> str | None:
-        """`deletionPolicy: delete`: the service's empty queues and exchanges removed, and the Events of what was
-        removed and kept; why to try again later when the broker or the Kubernetes API (the Secret unread) did not
-        answer this time (None: done). After the pass in hand (under the lock), no other pass runs: a resync must
-        not declare them again."""
+    async def delete_entities(self, body: Mapping[str, Any], *, remove: bool, last_try: bool) -> str | None:
+        """The resource goes: with `remove` (`deletionPolicy: delete`) the service's empty queues and exchanges
+        removed, and the Events of what was removed and kept; in every case its claim on the service released last,
+        and only when it is its own (a resource that does not own the service removes nothing). Why to try again
+        later when the broker or the Kubernetes API (the Secret unread) did not answer this time (None: done).
+        After the pass in hand (under the lock), no other pass runs: a resync must not declare them again."""
         async with self.lock:
             self._deleting = True
-            outcome = await self._delete_entities(body)
+            outcome, holder = await self._delete_entities(body, remove)
         if outcome is None:
             return None  # never acted on: nothing of it is on the broker
         if isinstance(outcome.failure, BrokerUnavailableError | KubeUnavailableError) and not last_try:
             self._logger.warning("%s; deletion tried again later", outcome.failure)
             return str(outcome.failure)
-        self.post(conclude_deletion(outcome))
+        notes = conclude_deletion(outcome, self._claimant(body), holder, removing=remove)
+        if notes:
+            self.post(notes)
         return None
 
-    async def _delete_entities(self, body: Mapping[str, Any]) -> DeclareOutcome | None:
+    async def _delete_entities(
+        self, body: Mapping[str, Any], remove: bool
+    ) -> tuple[DeclareOutcome | None, Holder | None]:
         found = self._understood(body)
         if isinstance(found, InvalidSpecError):
-            return None
+            return None, None
         brokers = self.context.brokers
         try:
-            broker = brokers.acquire(await brokers.settings(self.namespace, found.spec))
+            try:
+                settings = await brokers.settings(self.namespace, found.spec)
+            except OperatorError:
+                if self._settings is None:
+                    raise
+                # The Secret went first (its namespace is being deleted): the broker last used is the one it owns.
+                settings = self._settings
+            broker = brokers.acquire(settings)
         except OperatorError as exc:
-            return DeclareOutcome(found.topology, failure=exc)
+            return DeclareOutcome(found.topology, failure=exc), None
+        claimant = self._claimant(body)
         try:
-            return await steps.declare(broker, None, found.topology, specs.declared_entities(body), remove=True)
+            # Confirmed ours before anything is removed: another's entities are never touched, nor those of a name
+            # nobody claimed (a resource of the version before claims, its sibling not reconciled yet).
+            claimed = await steps.claim_at_deletion(broker, found.service, claimant)
+            if isinstance(claimed, OperatorError):
+                return DeclareOutcome(found.topology, broker.display, claimed), None
+            if not claimed.ours:
+                return DeclareOutcome(found.topology, broker.display), claimed.holder
+            outcome = DeclareOutcome(found.topology, broker.display)
+            if remove and claimed.fresh:
+                self.post(conclude_unclaimed_deletion(found.service))
+                outcome = DeclareOutcome(found.topology, broker.display, report=Report())  # nothing removed
+            elif remove:
+                outcome = await steps.declare(broker, None, found.topology, specs.declared_entities(body), remove=True)
+            if outcome.failure is None:  # released last: until then no other resource declares anything of it
+                released = await steps.release(broker, found.service, claimant)
+                if isinstance(released, OperatorError):
+                    return dataclasses.replace(outcome, failure=released), None
+            return outcome, None
         finally:
             await brokers.release(broker.key)
+
+    async def _release_claim(self, broker: ServiceBroker, service: str, claimant: Claimant) -> None:
+        released = await steps.release(broker, service, claimant)
+        if isinstance(released, OperatorError):
+            self._logger.warning("the claim of %r on %s stays: %s", service, broker.display, released)
+
+    def _claimant(self, body: Mapping[str, Any]) -> Claimant:
+        uid = (body.get("metadata") or {}).get("uid")
+        return Claimant(self.context.options.installation_id, self.namespace, self.name, str(uid or ""))
+
+    async def _stop_events(self, service: str) -> None:
+        """No events consumer, no series and no status passes counted for a service this resource does not own."""
+        if self._subscription is not None and self._broker is not None:
+            self._broker.events.unsubscribe(self._subscription)
+        self._subscription = None
+        self.context.metrics.remove(self.namespace, service)
+        self.context.metrics.forget_status(self.namespace, self.name)
 
     async def close(self) -> None:
         """The resource is gone (or the operator stops): its consumer, broker and series let go."""
@@ -291,13 +371,15 @@ class ServiceKeeper:
         return self._by_generation.get(body, lambda: specs.understand(body))
 
     async def _broker_for(
-        self, understood: specs.Understood
+        self, understood: specs.Understood, claimant: Claimant
     ) -> tuple[ServiceBroker | None, OperatorError | None, str | None]:
         """The broker of the service's current settings (switching when the Secret changed), or why none; and,
-        when the Secret has not been readable for long, why the broker of the settings last read is kept."""
+        when the Secret has not been readable for long, why the broker of the settings last read is kept. Moving
+        to another broker or vhost releases the claim on the one left (new credentials for the same one keep it)."""
         brokers = self.context.brokers
         try:
             settings = await brokers.settings(self.namespace, understood.spec)
+            self._settings = settings
             if self._broker is not None and self._broker.key == settings.key:
                 return self._broker, None, None
             broker = brokers.acquire(settings)  # its TLS material is checked here
@@ -311,6 +393,8 @@ class ServiceKeeper:
             return None, exc, None
         if self._broker is not None:
             self._logger.info("broker settings of %s changed: moving to %s", self.name, broker.display)
+            if self._owner and broker.display != self._broker.display:
+                await self._release_claim(self._broker, understood.service, claimant)
         await self._let_go()
         self._broker = broker
         return broker, None, None

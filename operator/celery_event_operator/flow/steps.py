@@ -8,7 +8,6 @@ import datetime
 import logging
 from typing import Any
 
-from celery_event_operator.adapters.broker.events_connection import Subscription
 from celery_event_operator.core import naming
 from celery_event_operator.core.api import conditions
 from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
@@ -25,6 +24,7 @@ from celery_event_operator.core.lifecycle import consumers, costs, long_tasks, s
 from celery_event_operator.core.lifecycle import grace as graces
 from celery_event_operator.core.lifecycle.grace import Grace
 from celery_event_operator.core.lifecycle.stuck import StuckMemory
+from celery_event_operator.core.monitoring.consumer import CONNECTING, EventsSubscription
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.scaling import policy
 from celery_event_operator.core.scaling.depths import counters
@@ -36,6 +36,7 @@ from celery_event_operator.core.service.observations import (
     Scaled,
     ScalingSeen,
 )
+from celery_event_operator.core.service.ownership import Claim, Claimant
 from celery_event_operator.core.service.pods import WorkerPod
 from celery_event_operator.core.service.spec import Understood
 from celery_event_operator.core.topology.declared import Declared
@@ -74,6 +75,33 @@ async def declare(
     except OperatorError as exc:
         return DeclareOutcome(topology, broker.display, exc)
     return DeclareOutcome(topology, broker.display, report=report)
+
+
+async def claim(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
+    """The claim on the service's topology, made (or confirmed) before anything of it is touched; the failure when
+    the broker could not be asked."""
+    try:
+        return await broker.claim(service, claimant)
+    except OperatorError as exc:
+        return exc
+
+
+async def claim_at_deletion(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
+    """The claim confirmed before a deletion removes anything (fresh: nobody held it); the failure when the broker
+    could not be asked."""
+    try:
+        return await broker.claim_at_deletion(service, claimant)
+    except OperatorError as exc:
+        return exc
+
+
+async def release(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
+    """The service's claim released when it is ours (its entities removed or kept before); the failure when the
+    broker could not be asked."""
+    try:
+        return await broker.release(service, claimant)
+    except OperatorError as exc:
+        return exc
 
 
 async def queues(broker: ServiceBroker, topology: Topology, max_age: float) -> QueuesSeen:
@@ -157,12 +185,12 @@ async def alarms(broker: ServiceBroker, max_age: float) -> tuple[Alarm, ...] | N
         return None
 
 
-def monitoring(enabled: bool, subscription: Subscription | None, broker: ServiceBroker | None) -> MonitoringSeen:
+def monitoring(enabled: bool, subscription: EventsSubscription | None, broker: ServiceBroker | None) -> MonitoringSeen:
     """Whether the service's events are consumed, and whether a failure is the consumer's own."""
     if broker is None:
         return MonitoringSeen(enabled, "no usable broker settings (see BrokerReachable)")
     problem = subscription.problem if subscription is not None else None
-    own = problem is not None and problem not in (broker.events.problem, Subscription.CONNECTING)
+    own = problem is not None and problem not in (broker.events.problem, CONNECTING)
     return MonitoringSeen(enabled, problem, own)
 
 

@@ -14,6 +14,7 @@ import kopf
 from celery_event_operator.core.api.metadata import GROUP
 from celery_event_operator.core.api.models import PLURAL, VERSION
 from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.flow.context import Context
 from celery_event_operator.flow.services import ServiceKeeper
 from celery_event_operator.handlers.monitoring import service_pods
 from celery_event_operator.handlers.posting import events_poster
@@ -26,8 +27,9 @@ def _keeper(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) -> ServiceKee
     """The resource's keeper (kopf keeps one memo per resource, shared by its handlers and daemon)."""
     keeper: ServiceKeeper | None = memo.get("keeper")
     if keeper is None:
+        context: Context = memo.context  # typed: the keeper's ports are checked against the concrete adapters
         keeper = memo["keeper"] = ServiceKeeper(
-            memo.context, body.metadata.namespace or "", body.metadata.name or "", events_poster(body, logger), logger
+            context, body.metadata.namespace or "", body.metadata.name or "", events_poster(body, logger), logger
         )
     return keeper
 
@@ -69,14 +71,14 @@ async def keep_service(
     await _keeper(body, memo, logger).run(body, service_pods(pods_by_service, body.metadata.namespace), stopped)
 
 
-def _deletes_entities(spec: kopf.Spec, **kwargs: Any) -> bool:
-    # With `retain` there is nothing to do at deletion. (Every resource carries kopf's finalizer
-    # anyway: kopf stops the resource's daemon before letting it go.)
-    return spec.get("deletionPolicy") == "delete" and _owned(**kwargs)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, when=_deletes_entities, retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_SECONDS)
-async def delete_service_entities(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, retry: int, **_: Any) -> None:
-    retry_because = await _keeper(body, memo, logger).delete_entities(body, last_try=retry >= DELETE_RETRIES - 1)
+@kopf.on.delete(GROUP, VERSION, PLURAL, when=_owned, retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_SECONDS)
+async def delete_service_entities(
+    body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, logger: kopf.Logger, retry: int, **_: Any
+) -> None:
+    # Every resource releases its claim on the service's name (core/service/ownership.py), so that another may take
+    # it over; with `deletionPolicy: delete` its empty queues and exchanges go first.
+    keeper = _keeper(body, memo, logger)
+    remove = spec.get("deletionPolicy") == "delete"
+    retry_because = await keeper.delete_entities(body, remove=remove, last_try=retry >= DELETE_RETRIES - 1)
     if retry_because is not None:
         raise kopf.TemporaryError(retry_because, delay=DELETE_BACKOFF_SECONDS)

@@ -140,7 +140,7 @@ def test_a_worker_declares_nothing_beyond_the_plan(
     # with each worker's auto-deleted pidbox queue, and the reply exchange of `celery inspect`.
     celery_own = {name for name in held["queues"] if name.endswith(".pidbox")}
     assert set(held["queues"]) - celery_own == {queue.name for queue in topology.queues}
-    control = {"billing:control.pidbox", "reply.celery.pidbox"}
+    control = {"billing:control.pidbox", "reply.celery.pidbox", "billing:owner"}  # and the operator's claim
     assert set(held["exchanges"]) - control == {exchange.name for exchange in topology.exchanges}
     for queue in topology.queues:
         assert held["queues"][queue.name] == dict(queue.arguments), f"{queue.name} declared with other arguments"

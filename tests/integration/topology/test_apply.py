@@ -13,6 +13,7 @@ from kombu.connection import Connection
 
 from celery_event_operator.adapters.topology import apply
 from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.service.ownership import Claimant, holder_of
 from celery_event_operator.core.topology import plan
 from celery_event_operator.core.topology.declared import Declared
 from tests.support import rabbitmq
@@ -254,3 +255,21 @@ def test_an_obsolete_quorum_queue_with_a_consumer_is_kept(connection: Connection
     only_a = plan.plan("billing", spec(events={"handlers": [{"name": "a"}]}, queueType="quorum"))
     report = apply.apply(connection, only_a, Declared.of(before))
     assert [(q.name, q.consumers) for q in report.kept] == [("billing.b", 1)]
+
+
+def test_the_first_claim_of_a_service_name_wins_and_only_its_holder_releases_it(
+    connection: Connection, rabbitmq_management: rabbitmq.Management, test_vhost: str
+) -> None:
+    first = Claimant("team-a", "shop", "billing", "u1").arguments()
+    second = Claimant("team-a", "shop2", "billing", "u2").arguments()
+    assert apply.claim(connection, "billing", first) is None
+    assert apply.claim(connection, "billing", first) is None, "claiming again confirms it"
+    refusal = apply.claim(connection, "billing", second)
+    assert refusal is not None
+    assert holder_of(None, refusal).describe(Claimant("team-a", "shop2", "billing", "u2")) == "shop/billing"
+    assert apply.release(connection, "billing", second) is not None, "another's claim is not released"
+    path = f"/exchanges/{rabbitmq_management.vhost_path(test_vhost)}/billing%3Aowner"
+    assert rabbitmq_management.request("GET", path)["arguments"]["x-owner-namespace"] == "shop"
+    assert apply._declared_at_once(connection, plan.plan("billing", spec())), "the channel serves on after a refusal"
+    assert apply.release(connection, "billing", first) is None
+    assert apply.claim(connection, "billing", second) is None, "released: the next claimant has it"

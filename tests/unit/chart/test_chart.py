@@ -400,3 +400,14 @@ def test_namespace_editors_may_replay_and_viewers_may_read() -> None:
     kinds = [d["metadata"]["name"] for d in render({"rbac": {"aggregateToEdit": False, "aggregateToView": False}})]
     assert "ceo-celery-event-operator-replays-edit" not in kinds
     assert "ceo-celery-event-operator-view" not in kinds
+
+
+def test_each_installation_names_itself_in_its_claims_every_shard_alike() -> None:
+    def installation_ids(values: dict[str, Any]) -> set[str]:
+        deployments = [d for d in render(values) if d["kind"] == "Deployment"]
+        args = [d["spec"]["template"]["spec"]["containers"][0]["args"] for d in deployments]
+        return {cli.build_parser().parse_args(arguments).installation_id for arguments in args}
+
+    assert installation_ids({}) == {"operators/ceo-celery-event-operator"}
+    assert installation_ids({"sharding": {"shards": 3}}) == {"operators/ceo-celery-event-operator"}
+    assert installation_ids({"installationId": "team-a"}) == {"team-a"}

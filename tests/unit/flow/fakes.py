@@ -18,6 +18,7 @@ from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.ownership import Claim, Claimant, Holder
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.outcome import Report
 from celery_event_operator.core.topology.plan import Topology
@@ -54,6 +55,25 @@ class FakeBroker:
         self.alarm_answer: tuple[Alarm, ...] | OperatorError = ()
         self.holding_answer: tuple[Holding, ...] | OperatorError = ()
         self.calls: list[str] = []
+        self.claims: dict[str, Claimant] = {}  # service → who holds it (the claim exchanges on this broker)
+        self.claim_failure: OperatorError | None = None
+
+    async def claim(self, service: str, claimant: Claimant) -> Claim:
+        if self.claim_failure is not None:
+            raise self.claim_failure
+        held = self.claims.setdefault(service, claimant)
+        return Claim() if held.id == claimant.id else Claim(Holder(held.id, held.namespace, held.name))
+
+    async def claim_at_deletion(self, service: str, claimant: Claimant) -> Claim:
+        existed = service in self.claims
+        found = await self.claim(service, claimant)
+        return dataclasses.replace(found, fresh=found.ours and not existed)
+
+    async def release(self, service: str, claimant: Claimant) -> Claim:
+        found = await self.claim(service, claimant)
+        if found.ours:
+            del self.claims[service]
+        return found
 
     async def declare(self, topology: Topology, previous: Declared, *, remove: bool = False) -> Report:
         self.declares.append((topology.service, remove))
@@ -143,7 +163,10 @@ class FakeCluster:
 
     async def patch_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None:
         self.calls.append(("patch_status", *sorted(fields)))
-        self.body.setdefault("status", {}).update(fields)
+        status = self.body.setdefault("status", {})
+        status.update(fields)
+        for removed in [field for field, value in fields.items() if value is None]:  # a merge patch's null
+            del status[removed]
 
     async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         self.calls.append(("annotate", *sorted(annotations)))

@@ -16,8 +16,10 @@ from celery_event_operator.core.errors import (
     KubeUnavailableError,
     ManagementUnavailableError,
 )
+from celery_event_operator.core.options import DEFAULT_INSTALLATION_ID
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.conclusion import EventNote
+from celery_event_operator.core.service.ownership import Claimant
 from celery_event_operator.core.service.pods import WorkerPod
 from celery_event_operator.flow.services import ServiceKeeper
 from tests.unit.flow.fakes import FakeBroker, FakeBrokers, FakeCluster, FakeContext, RecordingLogger, resource
@@ -26,14 +28,17 @@ DEPTHS = (QueueDepth("billing.order", "events", 60, 1),)
 
 
 class Harness:
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], broker: FakeBroker | None = None) -> None:
         self.body = body
-        self.broker = FakeBroker()
+        self.broker = broker or FakeBroker()
         self.brokers = FakeBrokers(self.broker)
         self.cluster = FakeCluster(body)
         self.context = FakeContext(self.cluster, self.brokers)
         self.events: list[EventNote] = []
-        self.keeper = ServiceKeeper(self.context, "shop", "billing", self.events.extend, RecordingLogger())
+        meta = body["metadata"]
+        self.keeper = ServiceKeeper(
+            self.context, meta["namespace"], meta["name"], self.events.extend, RecordingLogger()
+        )
         self.pods = [WorkerPod("billing-worker-1", "h1")]
 
     async def reconcile(self) -> None:
@@ -218,19 +223,115 @@ async def test_deleting_removes_the_services_entities_and_releases_the_broker() 
     harness = Harness(resource(deletionPolicy="delete"))
     await harness.reconcile()
     harness.reasons()
-    assert await harness.keeper.delete_entities(harness.body, last_try=False) is None, "done"
+    assert await harness.keeper.delete_entities(harness.body, remove=True, last_try=False) is None, "done"
     assert harness.broker.declares == [("billing", False), ("billing", True)]
     await harness.reconcile()
     await harness.status_pass()
     assert harness.broker.declares == [("billing", False), ("billing", True)], "no resync declares them again"
+    harness.broker.claims["billing"] = Claimant(DEFAULT_INSTALLATION_ID, "shop", "billing", "u1")  # a deletion again
     harness.broker.declare_failure = BrokerUnavailableError("down")
-    assert await harness.keeper.delete_entities(harness.body, last_try=False) == "down", "tried again later"
+    assert await harness.keeper.delete_entities(harness.body, remove=True, last_try=False) == "down", (
+        "tried again later"
+    )
     assert harness.reasons() == [], "no Event while it is tried again"
     assert harness.brokers.users == 1, "what a deletion acquires it releases (the keeper's own goes at close)"
-    assert await harness.keeper.delete_entities(harness.body, last_try=True) is None
+    assert await harness.keeper.delete_entities(harness.body, remove=True, last_try=True) is None
     assert harness.reasons() == ["BrokerUnreachable"], "the last try tells why the queues stay"
     await harness.keeper.close()
     assert harness.brokers.users == 0
+
+
+def in_namespace(namespace: str, uid: str, **spec: Any) -> dict[str, Any]:
+    body = resource(**spec)
+    body["metadata"] |= {"namespace": namespace, "uid": uid}
+    return body
+
+
+async def test_a_second_resource_of_one_service_name_declares_consumes_and_deletes_nothing() -> None:
+    broker = FakeBroker()
+    owner, second = Harness(resource()), Harness(in_namespace("shop2", "u2", deletionPolicy="delete"), broker)
+    owner.broker = owner.brokers.broker = broker
+    await owner.reconcile()
+    await second.reconcile()
+    await second.status_pass()
+    await second.reconcile()
+    assert broker.declares == [("billing", False)], "only the owner declared"
+    assert second.condition("Ready") == ("False", "ServiceNameConflict")
+    assert "belongs to shop/billing" in next(c for c in second.body["status"]["conditions"])["message"]
+    assert "queueLength" not in second.body["status"]
+    assert second.cluster.made("sync_workers") == [], "the workers of a service it does not own are not configured"
+    assert len(broker.events.subscriptions) == 1, "only the owner's events are consumed"
+    assert second.context.metrics.find("shop2", "billing") is None
+    assert second.reasons() == ["ServiceNameConflict"], "one Event, not one per resync"
+
+    assert await second.keeper.delete_entities(second.body, remove=True, last_try=False) is None
+    assert broker.declares == [("billing", False)], "the second's deletion removed nothing"
+    assert second.reasons() == ["ServiceNameConflict"]
+    assert broker.claims["billing"].namespace == "shop", "the owner's claim stays"
+
+
+async def test_the_second_resource_takes_over_once_the_owner_is_deleted() -> None:
+    broker = FakeBroker()
+    owner, second = Harness(resource(), broker), Harness(in_namespace("shop2", "u2"), broker)
+    await owner.reconcile()
+    await second.reconcile()
+    second.reasons()
+    assert await owner.keeper.delete_entities(owner.body, remove=False, last_try=False) is None
+    assert owner.reasons() == [], "deletionPolicy retain: nothing removed, the claim released quietly"
+    assert "billing" not in broker.claims
+    await second.reconcile()
+    assert second.condition("Ready") == ("True", "Reconciled")
+    assert second.reasons() == ["ServiceNameClaimed"]
+    assert broker.declares == [("billing", False), ("billing", False)]
+    assert broker.claims["billing"].namespace == "shop2"
+
+
+async def test_a_claim_that_cannot_be_made_is_a_broker_failure_and_nothing_is_declared() -> None:
+    harness = Harness(resource())
+    harness.broker.claim_failure = BrokerUnavailableError("down")
+    await harness.reconcile()
+    assert harness.broker.declares == []
+    assert harness.condition("BrokerReachable") == ("False", "BrokerUnreachable")
+
+
+async def test_an_owner_whose_claim_another_took_lets_go_of_everything_it_kept() -> None:
+    """The claim exchange deleted by hand, and another resource's resync claimed the name first."""
+    harness = Harness(resource())
+    await harness.reconcile()
+    await harness.status_pass()
+    assert ("shop", "billing") in harness.context.metrics.status_passes
+    harness.broker.claims["billing"] = Claimant("operator", "shop2", "billing", "u2")
+    await harness.reconcile()
+    await harness.status_pass()
+    assert harness.condition("Ready") == ("False", "ServiceNameConflict")
+    assert harness.broker.events.subscriptions == []
+    assert harness.context.metrics.find("shop", "billing") is None
+    assert ("shop", "billing") not in harness.context.metrics.status_passes, "no stale status age to alert on"
+    assert "queueLength" not in harness.body["status"]
+    assert harness.broker.declares == [("billing", False)]
+
+
+async def test_a_refused_resource_that_cannot_claim_this_time_still_configures_and_consumes_nothing() -> None:
+    broker = FakeBroker()
+    owner, second = Harness(resource(), broker), Harness(in_namespace("shop2", "u2"), broker)
+    await owner.reconcile()
+    await second.reconcile()
+    broker.claim_failure = BrokerUnavailableError("down")
+    await second.reconcile()
+    await second.status_pass()
+    assert second.cluster.made("sync_workers") == []
+    assert len(broker.events.subscriptions) == 1, "only the owner's"
+    assert broker.declares == [("billing", False)]
+    assert second.condition("BrokerReachable") == ("False", "BrokerUnreachable")
+
+
+async def test_deleting_a_resource_that_never_claimed_its_service_removes_nothing() -> None:
+    """The version before claims served it, and its sibling of the same name has not been reconciled yet."""
+    harness = Harness(resource(deletionPolicy="delete"))
+    assert await harness.keeper.delete_entities(harness.body, remove=True, last_try=False) is None
+    assert harness.broker.declares == [], "nothing removed"
+    assert harness.reasons() == ["ServiceNameUnclaimed"]
+    assert harness.broker.claims == {}, "the claim made to check is released"
 
 
 async def test_closing_lets_go_of_the_consumer_broker_and_series() -> None:

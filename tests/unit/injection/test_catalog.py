@@ -109,3 +109,12 @@ async def test_the_catalog_is_kept_current_in_the_background(monkeypatch: Any) -
         assert "billing" in found._namespaces["shop"].injections, "listed without any admission asking"
     finally:
         found.close()
+
+
+def test_a_resource_refused_its_service_name_injects_nothing() -> None:
+    """Its pods must not consume the owner's queues (README: One owner per service name)."""
+    refused = resource()
+    refused["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "ServiceNameConflict"}]}
+    assert catalog.injection_of(refused) is None
+    refused["status"]["conditions"][0] |= {"status": "True", "reason": "Reconciled"}  # took the name over
+    assert catalog.injection_of(refused) is not None

@@ -45,6 +45,7 @@ from celery_event_operator.core.service.observations import (
     Scaled,
     ScalingSeen,
 )
+from celery_event_operator.core.service.ownership import Claimant
 from celery_event_operator.core.topology import outcome, plan
 from celery_event_operator.core.topology.declared import Declared, DeclaredQueue
 from celery_event_operator.core.topology.outcome import DeclareOutcome
@@ -67,6 +68,7 @@ DEPTHS = (
     QueueDepth("billing:archived", "archive", 1, 0),
 )
 SELECTOR = "celeryevents.io/service=billing"
+CLAIMANT = Claimant("operator", "default", "billing", "uid")
 
 
 def reconciled(topology: DeclareOutcome = HEALTHY, **seen: Any) -> Observations:
@@ -598,10 +600,12 @@ def test_status_of_a_body_keeps_what_fits_the_schema() -> None:
 
 def test_deletion_events() -> None:
     report = outcome.Report(removed=["billing.e"], kept=[outcome.QueueState("billing:archived", None, 2, 0)])
-    notes = conclude_deletion(DeclareOutcome(TOPOLOGY, "h", report=report))
+    notes = conclude_deletion(DeclareOutcome(TOPOLOGY, "h", report=report), CLAIMANT, removing=True)
     assert [(n.type, n.reason) for n in notes] == [("Normal", "Removed"), ("Warning", "KeptNonEmpty")]
     assert "billing:archived (2 messages)" in notes[1].message
-    unreachable = conclude_deletion(DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down")))
+    unreachable = conclude_deletion(
+        DeclareOutcome(TOPOLOGY, "h", BrokerUnavailableError("down")), CLAIMANT, removing=True
+    )
     assert [(n.type, n.reason, n.message) for n in unreachable] == [
         ("Warning", "BrokerUnreachable", "the service's queues were not removed: down")
     ]

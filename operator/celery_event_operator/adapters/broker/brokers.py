@@ -12,9 +12,12 @@ or, without a management API, from passive declares of the service's queues (rea
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import amqp
+from kombu.connection import Connection
 
 from celery_event_operator.adapters.broker.control import ControlConnection
 from celery_event_operator.adapters.broker.events_connection import EventsConnection
@@ -22,12 +25,14 @@ from celery_event_operator.adapters.broker.management import QueueListing
 from celery_event_operator.adapters.broker.secrets import SecretReader
 from celery_event_operator.adapters.broker.tls import TlsFiles
 from celery_event_operator.adapters.topology import apply
+from celery_event_operator.core import naming
 from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import BrokerRefusedError, ManagementUnavailableError
 from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.ownership import Claim, Claimant, Holder, holder_of
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.outcome import Report
 from celery_event_operator.core.topology.plan import Topology
@@ -62,6 +67,59 @@ class Broker:
         except amqp.exceptions.AMQPError as exc:
             message = self.settings.address.redact(f"the broker refused an operation: {exc}")
             raise BrokerRefusedError(message) from None
+
+    async def claim(self, service: str, claimant: Claimant) -> Claim:
+        """Claim the service's topology for `claimant` (ownership.py); who holds it when it is not ours. A claim the
+        same resource made under another installation id is taken over."""
+        refusal = await self._claim_operation(apply.claim, service, claimant)
+        if refusal is None:
+            return Claim()
+        holder = await self._holder(service, refusal)
+        if holder.id is not None and holder.same_resource_as(claimant):
+            take_over = functools.partial(apply.take_over, held=holder.id)
+            refusal = await self._claim_operation(take_over, service, claimant)
+            if refusal is None:
+                logger.info("claim of %r taken over from installation %r", service, holder.installation)
+                return Claim()
+            holder = await self._holder(service, refusal)
+        return Claim(holder)
+
+    async def claim_at_deletion(self, service: str, claimant: Claimant) -> Claim:
+        """As `claim`, telling too whether the claim is fresh (nobody held it before)."""
+        arguments = claimant.arguments()
+        try:
+            existed, refusal = await self.control.run_async(
+                lambda connection: apply.claim_existing(connection, service, arguments)
+            )
+        except amqp.exceptions.AMQPError as exc:
+            message = self.settings.address.redact(f"the broker refused an operation: {exc}")
+            raise BrokerRefusedError(message) from None
+        if refusal is not None:
+            return Claim(await self._holder(service, refusal))
+        return Claim(fresh=not existed)
+
+    async def release(self, service: str, claimant: Claimant) -> Claim:
+        """Release the service's claim when it is `claimant`'s (deleted last, after its entities)."""
+        refusal = await self._claim_operation(apply.release, service, claimant)
+        return Claim() if refusal is None else Claim(await self._holder(service, refusal))
+
+    async def _claim_operation(
+        self, operation: Callable[[Connection, str, dict[str, str]], str | None], service: str, claimant: Claimant
+    ) -> str | None:
+        arguments = claimant.arguments()
+        try:
+            return await self.control.run_async(lambda connection: operation(connection, service, arguments))
+        except amqp.exceptions.AMQPError as exc:
+            message = self.settings.address.redact(f"the broker refused an operation: {exc}")
+            raise BrokerRefusedError(message) from None
+
+    async def _holder(self, service: str, refusal: str) -> Holder:
+        """The claim's holder: read from the management API when there is one, else from the refusal."""
+        try:
+            arguments = await self.listing.exchange_arguments(naming.owner_exchange_name(service))
+        except ManagementUnavailableError:
+            arguments = None
+        return holder_of(arguments, refusal)
 
     async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:
         """The service's queue depths and how they were counted; BrokerUnavailableError when unknown."""

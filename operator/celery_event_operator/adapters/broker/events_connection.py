@@ -30,6 +30,7 @@ from celery_event_operator.adapters.broker.tls import TlsFiles, client_context
 from celery_event_operator.core.broker.address import BrokerAddress, Endpoint
 from celery_event_operator.core.broker.backoff import Backoff
 from celery_event_operator.core.monitoring import frames
+from celery_event_operator.core.monitoring.consumer import CONNECTING, EventsSubscription
 from celery_event_operator.core.monitoring.state import MAX_EVENT_BYTES, ServiceMetrics
 from celery_event_operator.core.topology.plan import MONITOR_QUEUE_ARGUMENTS
 
@@ -103,15 +104,13 @@ class _MetricsRoute:
 class Subscription:
     """One service's events on an EventsConnection."""
 
-    CONNECTING = "not connected yet"
-
     def __init__(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics, tag: bytes) -> None:
         self.name = name  # namespace/service, for logs
         self.queue = queue
         self.exchange = exchange
         self.metrics = metrics
         self.tag = tag
-        self.problem: str | None = self.CONNECTING
+        self.problem: str | None = CONNECTING
         self.backoff = Backoff()
         self.needs_setup = True
 
@@ -276,14 +275,17 @@ class EventsConnection:
             self._task = asyncio.create_task(self._run(), name=f"events connection {self.address.display}")
         return subscription
 
-    def unsubscribe(self, subscription: Subscription) -> None:
-        self.subscriptions.pop(subscription.tag, None)
+    def unsubscribe(self, subscription: EventsSubscription) -> None:
+        """Stop the consumer of `subscription` (one of this connection's: found by its tag)."""
+        found = self.subscriptions.pop(subscription.tag, None)
         self.routes.pop(subscription.tag, None)
-        subscription.metrics.consumer_connected = False
+        if found is None:
+            return
+        found.metrics.consumer_connected = False
         session = self._session
-        if session is not None and subscription.connected and CONSUME_CHANNEL in session.open_channels:
+        if session is not None and found.connected and CONSUME_CHANNEL in session.open_channels:
             with contextlib.suppress(ConnectionError):  # no-wait: the broker answers nothing
-                session.send(CONSUME_CHANNEL, frames.BASIC_CANCEL, "sb", (subscription.tag.decode(), True))
+                session.send(CONSUME_CHANNEL, frames.BASIC_CANCEL, "sb", (found.tag.decode(), True))
         self._changed.set()
 
     @property

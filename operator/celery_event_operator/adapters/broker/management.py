@@ -116,6 +116,20 @@ class QueueListing:
         and client-provided name (listed only when a judgement needs it)."""
         return await self._holdings.get(max_age)
 
+    async def exchange_arguments(self, name: str) -> dict[str, Any] | None:
+        """The arguments an exchange of the vhost was declared with (None: there is no such exchange); read when
+        asked, never cached (a claim's holder changes hands)."""
+
+        async def read() -> dict[str, Any] | None:
+            status, body = await self._answer(f"/api/exchanges/{self._vhost}/{urllib.parse.quote(name, safe='')}")
+            if status == 404:
+                return None
+            if status != 200:
+                raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status}")
+            return dict(body.get("arguments") or {})
+
+        return await self._guarded(read)()
+
     async def _list_alarms(self) -> tuple[Alarm, ...]:
         status, body = await self._answer("/api/health/checks/alarms")
         found = alarms_of(status, body)

@@ -19,9 +19,11 @@ import time
 from typing import Any
 
 from celery_event_operator.adapters.kubeapi import AsyncKubeApi
+from celery_event_operator.core.api import conditions
 from celery_event_operator.core.errors import InvalidSpecError, KubeError
 from celery_event_operator.core.injection import pod, settings
 from celery_event_operator.core.service import spec as specs
+from celery_event_operator.core.service.ownership import CONFLICT_REASON
 
 REFRESH_SECONDS = 5.0
 # A pod of a service not known yet: a listing at most this often per namespace, waited for at most this long (the
@@ -37,7 +39,10 @@ logger = logging.getLogger(__name__)
 
 
 def injection_of(body: dict[str, Any]) -> pod.Injection | None:
-    """What a service's pods get; None for an invalid service (its pods are admitted unchanged)."""
+    """What a service's pods get; None for an invalid service, or one whose serviceName another resource owns (its
+    pods are admitted unchanged: they must not consume the owner's queues)."""
+    if conditions.find_written(body.get("status"), conditions.READY).get("reason") == CONFLICT_REASON:
+        return None
     try:
         validated = specs.validate(body)
     except InvalidSpecError:

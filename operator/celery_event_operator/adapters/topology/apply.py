@@ -17,6 +17,8 @@ from typing import Any
 import amqp
 from kombu.connection import Connection
 
+from celery_event_operator.core import naming
+from celery_event_operator.core.service import ownership
 from celery_event_operator.core.topology import declared, plan
 from celery_event_operator.core.topology.declared import Declared, DeclaredQueue
 from celery_event_operator.core.topology.outcome import EntityState, Problem, QueueState, Report
@@ -266,3 +268,56 @@ def inspect(connection: Connection, topology: Topology) -> list[EntityState]:
     finally:
         channel.close()
     return states
+
+
+def claim(connection: Connection, service: str, arguments: dict[str, str]) -> str | None:
+    """Claim the service's topology (core/service/ownership.py): None when the claim is ours (made now or before),
+    else the broker's refusal, which names the value it holds. On the resync channel: one round trip per resync
+    (a refusal closes the channel; py-amqp reopens it under the same object)."""
+    channel = _resync_channel(connection)
+    name = naming.owner_exchange_name(service)
+    try:
+        channel.exchange_declare(name, "fanout", durable=True, auto_delete=False, arguments=dict(arguments))
+    except amqp.exceptions.PreconditionFailed as exc:
+        return str(getattr(exc, "reply_text", "") or exc)
+    return None
+
+
+def claim_existing(connection: Connection, service: str, arguments: dict[str, str]) -> tuple[bool, str | None]:
+    """Whether a claim of the service existed before, and `claim`'s answer (made now when there was none)."""
+    channel = _Channel(connection)
+    try:
+        channel.call("exchange_declare", naming.owner_exchange_name(service), "fanout", passive=True)
+    except amqp.exceptions.NotFound:
+        existed = False
+    else:
+        existed = True
+    finally:
+        channel.close()
+    return existed, claim(connection, service, arguments)
+
+
+def release(connection: Connection, service: str, arguments: dict[str, str]) -> str | None:
+    """Release the service's claim when it is ours (checked by claiming it: a claim held by another stays); None
+    when it is released (or there was none), else the refusal that names the holder."""
+    channel = _Channel(connection)
+    try:
+        _declare_claim(channel, service, arguments)
+        channel.call("exchange_delete", naming.owner_exchange_name(service))
+    except amqp.exceptions.PreconditionFailed as exc:
+        return str(getattr(exc, "reply_text", "") or exc)
+    finally:
+        channel.close()
+    return None
+
+
+def take_over(connection: Connection, service: str, arguments: dict[str, str], *, held: str) -> str | None:
+    """Release the claim held under id `held` (it stays when it is held under another by now) and claim it with
+    `arguments`: None when the claim is ours."""
+    refusal = release(connection, service, {ownership.ID_ARGUMENT: held})
+    return refusal if refusal is not None else claim(connection, service, arguments)
+
+
+def _declare_claim(channel: _Channel, service: str, arguments: dict[str, str]) -> None:
+    name = naming.owner_exchange_name(service)
+    channel.call("exchange_declare", name, "fanout", durable=True, auto_delete=False, arguments=dict(arguments))

@@ -26,10 +26,12 @@ from celery_event_operator.core.lifecycle.long_tasks import RunOnce
 from celery_event_operator.core.lifecycle.stuck import healthy_message
 from celery_event_operator.core.monitoring import report
 from celery_event_operator.core.scaling.depths import counters
+from celery_event_operator.core.service import ownership
 from celery_event_operator.core.service.observations import (
     LifecycleSeen,
     MonitoringSeen,
     Observations,
+    OwnershipSeen,
     QueuesSeen,
     ScalingSeen,
 )
@@ -92,6 +94,12 @@ class Conclusion:
     annotations: dict[str, str]
     announced: Announced
     resync: bool = False  # a reconcile should conclude the conditions afresh now (a broker alarm cleared)
+    cleared: frozenset[str] = frozenset()  # status fields (as the API names them) to remove: no longer true
+
+    @property
+    def patch(self) -> dict[str, Any]:
+        """The status as the API has it, with the fields to remove as nulls (a merge patch removes them)."""
+        return patch_of(self.status) | dict.fromkeys(self.cleared)
 
     @property
     def ready(self) -> bool:
@@ -126,6 +134,11 @@ def conclude(
     """The status after what `seen` observed, starting from `previous` (what was last written, else what the
     resource shows), with the Events worth posting and the annotations to change."""
     state = _Conditions(previous.conditions, seen.generation, now)
+    if seen.ownership is not None and not seen.ownership.claim.ours:
+        return _conflict(previous, state, seen.ownership)
+    if seen.ownership is not None and _was_conflict(state):
+        claimed = f"serviceName {seen.ownership.service!r} is this resource's now: its owner is gone"
+        state.events.append(EventNote("Normal", ownership.CLAIMED_REASON, claimed))
     fields: dict[str, Any] = {}
     annotations: dict[str, str] = {}
     if seen.invalid is not None:
@@ -174,8 +187,67 @@ def conclude(
     return Conclusion(previous.model_copy(update=fields), tuple(state.events), annotations, announced, resync)
 
 
-def conclude_deletion(outcome: DeclareOutcome) -> tuple[EventNote, ...]:
-    """Events for a deletion with `deletionPolicy: delete`."""
+# What a resource that does not own its service's topology shows none of: it declares, consumes and counts nothing.
+_NOT_OWNED_CONDITIONS = (TOPOLOGY_READY, WORKERS_CONFIGURED, WORKERS_HEALTHY, TASKS_RUN_ONCE, MONITORING_READY)
+_NOT_OWNED_FIELDS = {
+    "queue_length": "queueLength",
+    "retrying": "retrying",
+    "archived": "archived",
+    "consumers": "consumers",
+    "replicas": "replicas",
+    "desired_replicas": "desiredReplicas",
+    "last_scale_time": "lastScaleTime",
+    "grace_period_seconds": "gracePeriodSeconds",
+    "grace_period_basis": "gracePeriodBasis",
+}
+
+
+def _conflict(previous: CeleryEventServiceStatus, state: _Conditions, seen: OwnershipSeen) -> Conclusion:
+    """Another resource owns the service's topology: Ready=False naming it (one Warning per change of owner), and
+    nothing said of queues, workers or events this resource does not keep (what was announced of them is
+    forgotten: announced again once it keeps them)."""
+    holder = seen.claim.holder
+    assert holder is not None
+    state.set(BROKER_REACHABLE, "True", "Connected", f"connected to {seen.broker}", announce=False)
+    message = ownership.conflict_message(seen.service, seen.claimant, holder)
+    state.set(conditions.READY, "False", ownership.CONFLICT_REASON, message)
+    for kept_by_owner in _NOT_OWNED_CONDITIONS:
+        state.remove(kept_by_owner)
+    fields: dict[str, Any] = dict.fromkeys(_NOT_OWNED_FIELDS)
+    fields["observed_generation"] = state.generation
+    fields["conditions"] = sorted(state.current, key=lambda c: _ORDER.get(c.type, len(_ORDER)))
+    cleared = frozenset(_NOT_OWNED_FIELDS.values())
+    return Conclusion(previous.model_copy(update=fields), tuple(state.events), {}, Announced(), cleared=cleared)
+
+
+def _was_conflict(state: _Conditions) -> bool:
+    found = conditions.find(state.previous, conditions.READY)
+    return found is not None and found.reason == ownership.CONFLICT_REASON
+
+
+def conclude_unclaimed_deletion(service: str) -> tuple[EventNote, ...]:
+    """`deletionPolicy: delete` of a resource that never claimed its service name: it owns none of the entities."""
+    message = (
+        f"nothing removed: serviceName {service!r} was claimed by no resource on this broker (this one never owned "
+        "it); its entities stay"
+    )
+    return (EventNote("Warning", ownership.UNCLAIMED_REASON, message),)
+
+
+def conclude_deletion(
+    outcome: DeclareOutcome, claimant: ownership.Claimant, holder: ownership.Holder | None = None, *, removing: bool
+) -> tuple[EventNote, ...]:
+    """Events for a deletion: what `deletionPolicy: delete` (`removing`) removed and kept, or that nothing was
+    removed because another resource (`holder`) owns the service, or why the claim could not be released."""
+    service = outcome.topology.service
+    if holder is not None:
+        message = f"nothing removed: serviceName {service!r} belongs to {holder.describe(claimant)}"
+        return (EventNote("Warning", ownership.CONFLICT_REASON, message),)
+    if outcome.failure is not None and (outcome.report is not None or not removing):
+        message = f"the claim on serviceName {service!r} was not released: {outcome.failure}"
+        return (EventNote("Warning", outcome.failure.reason, message),)
+    if not removing:
+        return ()
     if outcome.failure is not None or outcome.report is None:
         reason = outcome.failure.reason if outcome.failure is not None else "BrokerUnreachable"
         return (EventNote("Warning", reason, f"the service's queues were not removed: {outcome.failure}"),)

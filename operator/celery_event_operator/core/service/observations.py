@@ -18,6 +18,7 @@ from celery_event_operator.core.lifecycle.grace import Grace
 from celery_event_operator.core.lifecycle.long_tasks import RunOnce
 from celery_event_operator.core.lifecycle.stuck import Judgement, StuckWorker
 from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service.ownership import Claim, Claimant
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.outcome import DeclareOutcome
 
@@ -88,10 +89,21 @@ class Evicted:
 
 
 @dataclasses.dataclass(frozen=True)
+class OwnershipSeen:
+    """The claim on the service's topology (on the broker): ours, or who holds it."""
+
+    service: str
+    claimant: Claimant
+    claim: Claim
+    broker: str  # host:port and vhost, for messages
+
+
+@dataclasses.dataclass(frozen=True)
 class Observations:
     generation: int | None
     spec: CeleryEventServiceSpec | None = None  # None: invalid (`invalid` says why)
     invalid: InvalidSpecError | None = None
+    ownership: OwnershipSeen | None = None  # None: not claimed this pass (no usable broker, or a status pass)
     declared: Declared = dataclasses.field(default_factory=Declared)  # what the resource remembers declaring
     topology: DeclareOutcome | None = None
     workers: WorkersOutcome | None = None
