@@ -18,15 +18,21 @@ from kombu.connection import Connection
 
 from celery_event_operator.adapters.archive import operations
 from celery_event_operator.adapters.broker.control import ControlConnection
+from celery_event_operator.adapters.broker.management import QueueListing
 from celery_event_operator.adapters.broker.tls import TlsFiles
+from celery_event_operator.core import naming
 from celery_event_operator.core.archive.messages import Selection
 from celery_event_operator.core.broker.settings import BrokerSettings
-from celery_event_operator.core.errors import BrokerRefusedError, BrokerUnavailableError
+from celery_event_operator.core.errors import BrokerRefusedError, BrokerUnavailableError, ManagementUnavailableError
+from celery_event_operator.core.replay.conclusion import ArchiveSeen
 
 T = TypeVar("T")
 # The messages a replay holds unacknowledged go back to the archive once the broker drops its connection: at once
 # when the operator's process dies, within two heartbeats when its node does.
 HEARTBEAT_SECONDS = 30.0
+# The management API's counts are the broker's statistics, refreshed every few seconds (5 s by default): a count of
+# held messages is taken once its ready count agrees with the broker's own, asked this many times a second apart.
+STATISTICS_ATTEMPTS = 12
 
 
 class ReplayRunner:
@@ -34,6 +40,7 @@ class ReplayRunner:
         material = settings.tls
         self._tls = TlsFiles.of(material)
         self._control = ControlConnection(settings.address, self._tls, heartbeat=HEARTBEAT_SECONDS)
+        self._settings = settings
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display
         self.stop = threading.Event()
@@ -42,10 +49,37 @@ class ReplayRunner:
     async def survey(self, service: str, selection: Selection, keep: int = 0) -> operations.Survey:
         return await self._run(lambda connection: operations.survey(connection, service, selection, keep))
 
+    async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
+        """The archive counted, then what other clients hold of it (this runner holds nothing by then)."""
+        surveyed = await self.survey(service, selection, keep)
+        held = await self._held_elsewhere(service)
+        return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
+
+    async def _held_elsewhere(self, service: str) -> int | None:
+        """The archive's messages delivered to other clients and not acknowledged; None without a management API.
+        Its figures lag: they are taken once the API's ready count is the broker's own (passive declare)."""
+        queue = naming.archive_name(service)
+        listing = QueueListing(self._settings.address, self._settings.management_url, self._tls)
+        try:
+            counts = None
+            for _ in range(STATISTICS_ATTEMPTS):
+                ready = await self._run(lambda connection: operations.archive_size(connection, service))
+                counts = await listing.queue(queue)
+                if counts.ready == ready:
+                    break
+                await asyncio.sleep(1.0)
+        except ManagementUnavailableError:
+            return None
+        else:
+            return None if counts is None else counts.unacknowledged
+        finally:
+            await listing.close()
+
     async def move(
         self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
     ) -> operations.Tally:
         calls = 0
+        self.tally = operations.Tally()
 
         def work(connection: Connection) -> operations.Tally:
             nonlocal calls
@@ -59,6 +93,9 @@ class ReplayRunner:
             )
 
         return await self._run(work)
+
+    def halt(self) -> None:
+        self.stop.set()
 
     async def _run(self, work: Callable[[Connection], T]) -> T:
         self._pending = asyncio.ensure_future(self._control.run_async(work))
