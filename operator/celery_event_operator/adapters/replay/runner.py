@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -30,9 +31,12 @@ T = TypeVar("T")
 # The messages a replay holds unacknowledged go back to the archive once the broker drops its connection: at once
 # when the operator's process dies, within two heartbeats when its node does.
 HEARTBEAT_SECONDS = 30.0
-# The management API's counts are the broker's statistics, refreshed every few seconds (5 s by default): a count of
-# held messages is taken once its ready count agrees with the broker's own, asked this many times a second apart.
-STATISTICS_ATTEMPTS = 12
+# The management API's counts are the broker's statistics, refreshed every few seconds (collect_statistics_interval,
+# 5 s by default): they may still show what this runner's own walk held a moment ago. A count of held messages is
+# taken once its ready count agrees with the broker's own (passive declare), and a count above zero only once the
+# statistics were refreshed since this runner let go of the archive; asked this many times a second apart.
+STATISTICS_SECONDS = 6.0
+STATISTICS_ATTEMPTS = 15
 
 
 class ReplayRunner:
@@ -41,13 +45,17 @@ class ReplayRunner:
         self._tls = TlsFiles.of(material)
         self._control = ControlConnection(settings.address, self._tls, heartbeat=HEARTBEAT_SECONDS)
         self._settings = settings
+        self._let_go_at = -float("inf")  # when its last walk of the archive ended (monotonic)
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display
         self.stop = threading.Event()
         self.tally = operations.Tally()  # the move's progress, read by the event loop while the thread writes it
 
     async def survey(self, service: str, selection: Selection, keep: int = 0) -> operations.Survey:
-        return await self._run(lambda connection: operations.survey(connection, service, selection, keep))
+        try:
+            return await self._run(lambda connection: operations.survey(connection, service, selection, keep))
+        finally:
+            self._let_go_at = time.monotonic()
 
     async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
         """The archive counted, then what other clients hold of it (this runner holds nothing by then)."""
@@ -65,7 +73,8 @@ class ReplayRunner:
             for _ in range(STATISTICS_ATTEMPTS):
                 ready = await self._run(lambda connection: operations.archive_size(connection, service))
                 counts = await listing.queue(queue)
-                if counts.ready == ready:
+                refreshed = time.monotonic() - self._let_go_at > STATISTICS_SECONDS
+                if counts.ready == ready and (counts.unacknowledged == 0 or refreshed):
                     break
                 await asyncio.sleep(1.0)
         except ManagementUnavailableError:
@@ -92,7 +101,10 @@ class ReplayRunner:
                 connection, service, selection, purge=purge, limit=limit, rate=rate, tally=self.tally, stop=self.stop
             )
 
-        return await self._run(work)
+        try:
+            return await self._run(work)
+        finally:
+            self._let_go_at = time.monotonic()
 
     def halt(self) -> None:
         self.stop.set()
