@@ -28,6 +28,11 @@ class ReplayBroker(Protocol):
         """The archive counted whole, and what other clients hold of it."""
         ...
 
+    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
+        """The archive as the last move left it when that move walked all of it (and what others hold of it now);
+        None when it must be observed again."""
+        ...
+
     async def move(
         self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
     ) -> MoveProgress:

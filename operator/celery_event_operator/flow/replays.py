@@ -204,10 +204,12 @@ class ReplayKeeper:
         keep = PREVIEW_SIZE if replay.spec.dry_run else 0
         resumed = began is not None
         last_pass: conclusion.PassDone | None = None
+        seen: conclusion.ArchiveSeen | None = None
         while True:
             started_at = began.started_at if began is not None else plan.start_time(time.time())
             name = began.service_name if began is not None else service_name
-            seen = await runner.observe(name, replay.selection(started_at), keep)
+            if seen is None:
+                seen = await runner.observe(name, replay.selection(started_at), keep)
             step = conclusion.conclude(
                 self._previous(),
                 replay,
@@ -250,6 +252,7 @@ class ReplayKeeper:
                 return ended
             tally = runner.tally
             last_pass = conclusion.PassDone(tally.done, tally.unroutable)
+            seen = await runner.seen_after_move(began.service_name)
 
     async def _move(self, replay: plan.Replay, began: plan.Started, before: int, runner: ReplayBroker) -> bool | None:
         """One walk of the archive; True when the replay ended or was stopped meanwhile, None when it is to be

@@ -63,6 +63,15 @@ class ReplayRunner:
         held = await self._held_elsewhere(service)
         return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
 
+    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
+        """The archive as the last move left it, when that move walked all of it once (what it saw, less what it
+        moved), and what other clients hold of it now; None when it must be walked again to be known."""
+        tally = self.tally
+        if not tally.whole:
+            return None
+        held = await self._held_elsewhere(service)
+        return ArchiveSeen(tally.archived - tally.done, tally.selected - tally.done, held)
+
     async def _held_elsewhere(self, service: str) -> int | None:
         """The archive's messages delivered to other clients and not acknowledged; None without a management API.
         Its figures lag: they are taken once the API's ready count is the broker's own (passive declare)."""
