@@ -123,8 +123,8 @@ class ReplayKeeper:
             await self._spec_changed()
             return True
         found = await self._service(replay, began)
-        if found is None:
-            return False
+        if isinstance(found, bool):
+            return found
         service_name, service_spec = found
         try:
             settings = await self.context.brokers.settings(self.namespace, service_spec)
@@ -169,23 +169,24 @@ class ReplayKeeper:
 
     async def _service(
         self, replay: plan.Replay, began: plan.Started | None
-    ) -> tuple[str, CeleryEventServiceSpec] | None:
-        """The serviceName and spec of the replay's service once it is Ready; None (and why, in status) before."""
+    ) -> tuple[str, CeleryEventServiceSpec] | bool:
+        """The serviceName and spec of the replay's service once it is Ready; False (and why, in status) before;
+        True when the replay ended for want of it (it had started: its service was deleted)."""
         try:
             service = await self.services.read(self.context, (self.namespace, replay.service))
         except NotFoundError:
             if began is not None:
                 await self._end(self._service_deleted(replay, began, done=self._done_as_written(replay), unroutable=0))
-                return None
+                return True
             message = (
                 f"there is no CeleryEventService {replay.service} in namespace {self.namespace} (a replay acts on a "
                 "service of its own namespace); it starts when there is one"
             )
             await self._wait(replay, began, plan.SERVICE_NOT_FOUND, message)
-            return None
+            return False
         except KubeError as exc:  # the API's fault (not answering, a missing permission): its own reason
             await self._wait(replay, began, exc.reason, str(exc))
-            return None
+            return False
         ready = conditions.find_written(service.get("status"), conditions.READY)
         try:
             validated = specs.validate(service)
@@ -195,7 +196,7 @@ class ReplayKeeper:
             why = f" ({ready.get('reason')}: {ready.get('message')})" if ready else ""
             message = f"service {replay.service} is not Ready{why}; the replay starts once it is"
             await self._wait(replay, began, plan.SERVICE_NOT_READY, message)
-            return None
+            return False
         return validated.service_name, validated.spec
 
     async def _drive(
