@@ -32,11 +32,12 @@ T = TypeVar("T")
 # when the operator's process dies, within two heartbeats when its node does.
 HEARTBEAT_SECONDS = 30.0
 # The management API's counts are the broker's statistics, refreshed every few seconds (collect_statistics_interval,
-# 5 s by default): they may still show what this runner's own walk held a moment ago. A count of held messages is
-# taken once its ready count agrees with the broker's own (passive declare), and a count above zero only once the
-# statistics were refreshed since this runner let go of the archive; asked this many times a second apart.
-STATISTICS_SECONDS = 6.0
-STATISTICS_ATTEMPTS = 15
+# 5 s by default; seen 7.8 s late on a loaded broker): they may still show what this runner's own walk held a moment
+# ago. A count of held messages is taken once its ready count agrees with the broker's own (passive declare), and a
+# count above zero only once the statistics were surely refreshed since this runner let go of the archive; asked up
+# to STATISTICS_ATTEMPTS times a second apart.
+STATISTICS_SECONDS = 12.0
+STATISTICS_ATTEMPTS = 20
 
 
 class ReplayRunner:
