@@ -123,7 +123,13 @@ def through_the_operator(url: str, queue_type: str, count: int, rate: int, workd
             api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition)
         operator = OperatorProcess(api.kubeconfig, workdir / "operator.log").start()
         try:
-            api.client.create(SERVICES, {"metadata": {"name": "billing"}, "spec": spec(queue_type, max(10_000, count))})
+            service = {
+                "apiVersion": "celeryevents.io/v1alpha1",
+                "kind": "CeleryEventService",
+                "metadata": {"name": "billing"},
+                "spec": spec(queue_type, max(10_000, count)),
+            }
+            api.client.create(SERVICES, service)
             wait_for(lambda: ready(api.client.get(f"{SERVICES}/billing")), 60)
             archived = fill(url, count)
             began = time.monotonic()

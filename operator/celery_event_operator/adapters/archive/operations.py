@@ -129,8 +129,11 @@ class Walk:
                 connection.heartbeat_tick()  # with heartbeats on, the broker drops a connection whose holder died
                 try:
                     connection.drain_events(timeout=IDLE_SECONDS)
-                except TimeoutError:  # nothing more is ready: expired, or taken by another client meanwhile
-                    return
+                except TimeoutError:
+                    # A lazy queue may pause while it reads from disk: the walk ends only when nothing is ready
+                    # (the rest expired, or was taken by another client meanwhile).
+                    if _depth(self.channel, self.queue) == 0:
+                        return
                 continue
             message = self._delivered.popleft()
             position = self.received
