@@ -3,15 +3,16 @@
 Reading never changes the archive. AMQP cannot browse a queue, so the tools consume messages without
 acknowledging them, on a channel of their own, and close it: the broker then returns every
 unacknowledged message to its original position (measured on classic and quorum queues: order kept,
-bench/replay_speed.py). They consume (basic.consume, a window of WINDOW deliveries: see Walk), not one
-basic.get per message: a round trip per message made a replay of 20,000 archived events with 60 % passed
-over run at ~130/s. Nothing is acknowledged but what was replayed — after the broker confirmed the copies,
-confirmed in small batches — or purged, so a replay killed half-way leaves each message either still
+bench/replay_speed.py). They consume (basic.consume, one consumer whose window covers the archive: see Walk),
+not one basic.get per message: a round trip per message made a replay of 20,000 archived events with 60 %
+passed over run at ~130/s. Nothing is acknowledged but what was replayed — after the broker confirmed the
+copies, confirmed in small batches — or purged, so a replay killed half-way leaves each message either still
 archived or replayed, with at most the batch in flight both (CONFIRM_BATCH, CONFIRM_SECONDS).
 
 A move holds the messages it passes over unacknowledged; RabbitMQ closes a channel whose deliveries
-stay unacknowledged longer than its `consumer_timeout` (30 min by default), so a long, rate-limited move
-closes its channel every SEGMENT_SECONDS and walks the archive again from its head: what it moved is gone
+stay unacknowledged longer than its `consumer_timeout` (30 min by default), and a prefetch count has 16 bits,
+so a long, rate-limited move (or one passing over more than PREFETCH_LIMIT messages) closes its channel every
+SEGMENT_SECONDS (or when its window is full) and walks the archive again from its head: what it moved is gone
 from there, what it passed over is passed over again.
 """
 
@@ -33,7 +34,7 @@ from celery_event_operator.core.errors import ArchiveNotFoundError, BrokerUnavai
 
 Progress = Callable[[int, int | None], None]  # done, of how many (None: not counted yet)
 SEGMENT_SECONDS = 600.0
-WINDOW = 500  # a walk's prefetch window
+PREFETCH_LIMIT = 65_535  # AMQP's prefetch count is a 16-bit number
 # Replayed copies are confirmed by the broker in batches of at most this many, or this old: one round trip per
 # batch instead of per message; a SIGKILL mid-batch replays at most the batch twice.
 CONFIRM_BATCH = 64
@@ -94,38 +95,32 @@ class Walk:
     """Every message the archive held when the walk began, once, oldest first, left unacknowledged (on a channel of
     its own: closing it puts back what was not acknowledged).
 
-    It consumes with a prefetch window of WINDOW messages. What it passes over stays unacknowledged and fills the
-    window; once the window holds nothing but those, the consumer is cancelled and another one started on the same
-    channel: the messages the first one holds stay held (they are counted against its window, not the new one's),
-    and the new one goes on from the next message. So the broker never sends far ahead of what is read (a window as
-    large as the archive filled the socket while copies were published on the same connection, and the publishing
-    stalled), and a walk holds as many messages as it needs.
+    One consumer whose prefetch window covers the archive (up to AMQP's 16-bit limit): what it passes over stays
+    unacknowledged and keeps its place. Consumers restarted with a smaller window lost the order on quorum queues
+    (measured: returned in another order); one consumer kept it on classic and quorum queues. A walk that passed
+    over a whole window ends short (`window_full`): the move walks again. Copies are published on another
+    connection (Confirmed), so the deliveries the broker sends ahead never hold up the publishing.
     """
 
     def __init__(self, connection: Connection, queue: str) -> None:
         self.channel = connection.channel()
         self.queue = queue
         self.ready = _depth(self.channel, queue)  # what the walk takes: later arrivals are after the start
+        self.prefetch = max(1, min(PREFETCH_LIMIT, self.ready))
+        self.unacked = 0
+        self.window_full = False
         self.received = 0
         self._delivered: collections.deque[amqp.Message] = collections.deque()
-        self._consumer = ""
-        self._in_window = 0  # the current consumer's deliveries not acknowledged yet
-        self.channel.basic_qos(0, WINDOW, False)
-        self._consume()
-
-    def _consume(self) -> None:
-        if self._consumer:
-            self.channel.basic_cancel(self._consumer)  # what it sent meanwhile arrives first, and is read in order
-        self._consumer = self.channel.basic_consume(self.queue, callback=self._delivered.append, no_ack=False)
-        self._in_window = 0
+        self.channel.basic_qos(0, self.prefetch, False)
+        self.channel.basic_consume(queue, callback=self._delivered.append, no_ack=False)
 
     def __iter__(self) -> Iterator[tuple[Archived, amqp.Message]]:
         connection = self.channel.connection
         while self.received < self.ready:
             if not self._delivered:
-                if self._in_window >= WINDOW:  # full of what it passed over: a fresh window goes on from here
-                    self._consume()
-                    continue
+                if self.unacked >= self.prefetch:
+                    self.window_full = True
+                    return
                 connection.heartbeat_tick()  # with heartbeats on, the broker drops a connection whose holder died
                 try:
                     connection.drain_events(timeout=IDLE_SECONDS)
@@ -138,8 +133,7 @@ class Walk:
             message = self._delivered.popleft()
             position = self.received
             self.received += 1
-            if message.delivery_info.get("consumer_tag") == self._consumer:
-                self._in_window += 1
+            self.unacked += 1
             properties = dict(message.properties)
             yield (
                 describe(
@@ -154,8 +148,7 @@ class Walk:
 
     def ack(self, message: amqp.Message) -> None:
         self.channel.basic_ack(message.delivery_tag)
-        if message.delivery_info.get("consumer_tag") == self._consumer:
-            self._in_window -= 1
+        self.unacked -= 1
 
     def close(self) -> None:
         self.channel.close()  # what was not acknowledged goes back to its place in the archive
@@ -228,7 +221,8 @@ class Confirmed:
     published and says which copies no queue took (mandatory, returned)."""
 
     def __init__(self, connection: Connection) -> None:
-        self.channel = connection.channel()
+        self._connection = connection.clone()  # not the walk's: its deliveries must not hold up the confirms
+        self.channel = self._connection.channel()
         self.channel.confirm_select()
         self._published = 0
         self._unconfirmed: set[int] = set()
@@ -248,9 +242,8 @@ class Confirmed:
 
     def settle(self) -> set[int]:
         """Wait for every confirm; the publications that were returned (no queue took them)."""
-        connection = self.channel.connection
         while self._unconfirmed:
-            connection.drain_events(timeout=CONFIRM_TIMEOUT_SECONDS)
+            self._connection.drain_events(timeout=CONFIRM_TIMEOUT_SECONDS)
         if self._nacked:
             raise BrokerUnavailableError("the broker refused to take replayed copies (negative confirm)")
         returned, self._returned = self._returned, set()
@@ -272,7 +265,7 @@ class Confirmed:
             self._returned.add(found)
 
     def close(self) -> None:
-        self.channel.close()
+        self._connection.release()
 
 
 class _Pass:
@@ -384,6 +377,7 @@ def move(
                     break
                 one.take(item, message)
             one.settle()
+            walked_to_the_end = walked_to_the_end and not one.walk.window_full
             seen_all = walked_to_the_end and not cut and one.walk.received == one.walk.ready
             tally.whole, tally.archived, tally.selected = passes == 1 and seen_all, one.walk.ready, selected
         finally:
