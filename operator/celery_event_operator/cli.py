@@ -245,10 +245,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _progress(done: int, total: int, verb: str = "replaying") -> None:
-    if sys.stderr.isatty():
-        filled = int(30 * done / max(total, 1))
-        print(f"\r{verb} {done}/{total} [{'#' * filled}{'.' * (30 - filled)}]", end="", file=sys.stderr, flush=True)
+def _progress(done: int, total: int | None, verb: str = "replaying") -> None:
+    if not sys.stderr.isatty():
+        return
+    if total is None:  # counted as it goes
+        print(f"\r{verb} {done}", end="", file=sys.stderr, flush=True)
+        return
+    filled = int(30 * done / max(total, 1))
+    print(f"\r{verb} {done}/{total} [{'#' * filled}{'.' * (30 - filled)}]", end="", file=sys.stderr, flush=True)
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:

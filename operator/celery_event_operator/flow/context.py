@@ -16,6 +16,8 @@ from celery_event_operator.adapters.cluster import Cluster
 from celery_event_operator.adapters.injection.catalog import InjectionCatalog
 from celery_event_operator.adapters.kubeapi import AsyncKubeApi, KubeApi
 from celery_event_operator.adapters.monitoring.collector import MetricsRegistry, serve_metrics
+from celery_event_operator.adapters.replay.runner import ReplayRunner
+from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import KubeError
 from celery_event_operator.core.monitoring.bounds import SeriesSettings
 from celery_event_operator.core.options import OperatorOptions, WebhookOptions
@@ -72,6 +74,11 @@ class Context:
         if options.metrics_port:
             serve_metrics(context.metrics, options.metrics_port, options.metrics_addr)
         return context
+
+    @staticmethod
+    def replay_broker(settings: BrokerSettings) -> ReplayRunner:
+        """A replay's own broker connection (and thread)."""
+        return ReplayRunner(settings)
 
     @staticmethod
     def freeze_heap_later() -> None:

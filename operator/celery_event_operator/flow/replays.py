@@ -1,11 +1,13 @@
 """One CeleryEventReplay run by the operator, on the event loop (the domain layer: the handler calls this, this
 calls the adapters).
 
-It waits — for its service to exist and be Ready, for its turn (one running replay per service), for a broker
-that answers — and says why in its Succeeded condition; then it counts what it selects, writes that down (and
-sees it written) before anything moves, drives its ReplayRunner and keeps the counters in status every few
-seconds. Stopped (the operator stops, the resource is deleted) it lets its runner finish the event in hand; a
-replay that was started is resumed by whichever operator runs next (replay/plan.py says how it counts then).
+It waits — for its service to exist and be Ready, for its turn (one running replay per archive: broker, vhost,
+serviceName), for a broker that answers — and says why in its Succeeded condition. Then it observes the archive
+(counted whole, and what other clients hold of it), and replay/conclusion.py says what follows: wait, begin (written
+and seen written before anything moves), move (one walk of the archive, the counters in status every few seconds)
+or end. After each walk it observes again: it ends only on what the broker shows. Stopped (the operator stops, the
+resource is deleted) it lets its broker work finish the events in hand; a replay that was started is resumed by
+whichever operator runs next; one whose service is deleted stops.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from celery_event_operator.adapters.replay.runner import ReplayRunner
 from celery_event_operator.core.api import conditions
 from celery_event_operator.core.api.models import PREVIEW_SIZE, CeleryEventServiceSpec
+from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import (
     ArchiveNotFoundError,
     BrokerRefusedError,
@@ -31,11 +33,12 @@ from celery_event_operator.core.errors import (
     OperatorError,
     UnsupportedOperationError,
 )
-from celery_event_operator.core.replay import plan
-from celery_event_operator.core.replay.slots import Key, ReplaySlots
+from celery_event_operator.core.replay import conclusion, plan
+from celery_event_operator.core.replay.slots import Key, ReplaySlots, archive_key
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import EventNote, PostEvents
 from celery_event_operator.flow.context import Context
+from celery_event_operator.flow.replay_ports import ReplayBroker
 
 # How often a waiting replay looks again (jittered), and how often a running one writes its counters.
 WAIT_SECONDS = 5.0
@@ -50,9 +53,9 @@ class ServiceReads:
     SERVICE_READ_SECONDS is dropped at the next read)."""
 
     def __init__(self) -> None:
-        self._read: dict[Key, tuple[float, asyncio.Task[dict[str, Any]]]] = {}
+        self._read: dict[tuple[str, str], tuple[float, asyncio.Task[dict[str, Any]]]] = {}
 
-    async def read(self, context: Context, key: Key) -> dict[str, Any]:
+    async def read(self, context: Context, key: tuple[str, str]) -> dict[str, Any]:
         """The service's body; NotFoundError or KubeError otherwise."""
         now = time.monotonic()
         found = self._read.get(key)
@@ -92,11 +95,12 @@ class ReplayKeeper:
         self._conditions: list[dict[str, Any]] | None = None  # as last written
         self._sent: dict[str, Any] = {}  # status fields as last written
         self._began: plan.Started | None = None  # as last written (the watch may not have brought it back yet)
+        self.holder = f"{self.namespace}/{self.name}"
+        self._slot: Key | None = None
 
     async def run(self, stopped: Any) -> None:
         """Until it ended (Succeeded True or False) or `stopped`."""
         self._stopped = stopped
-        key: Key | None = None
         try:
             while not stopped:
                 try:
@@ -104,41 +108,40 @@ class ReplayKeeper:
                 except InvalidSpecError as exc:
                     await self._invalid(exc)
                     return
-                if key != (self.namespace, replay.service):  # its service may still change before it starts
-                    if key is not None:
-                        self.slots.leave(key, self.name)
-                    key = (self.namespace, replay.service)
-                    self.slots.wait(key, self.name, replay.created_at)
-                if await self._attempt(replay, key):
+                if await self._attempt(replay):
                     return
                 await stopped.wait(WAIT_SECONDS * random.uniform(0.8, 1.2))
         finally:
-            if key is not None:
-                self.slots.leave(key, self.name)
+            if self._slot is not None:
+                self.slots.leave(self._slot, self.holder)
 
     # --- one attempt: True when it ended (or was stopped) ---------------------------------------
 
-    async def _attempt(self, replay: plan.Replay, key: Key) -> bool:
+    async def _attempt(self, replay: plan.Replay) -> bool:
         began = self._began or plan.started(self.body.get("status") or {})
         if began is not None and plan.spec_changed(replay.generation, began):
             await self._spec_changed()
             return True
         found = await self._service(replay, began)
-        if found is None:
-            return False
+        if isinstance(found, bool):
+            return found
         service_name, service_spec = found
-        holder = self.slots.take(key, self.name)
+        try:
+            settings = await self.context.brokers.settings(self.namespace, service_spec)
+        except OperatorError as exc:  # the Secret unusable, or the Kubernetes API not answering: its reason
+            await self._wait(replay, began, exc.reason, str(exc))
+            return False
+        key = self._queue_for(replay, settings, began.service_name if began is not None else service_name)
+        holder = self.slots.take(key, self.holder)
         if holder is not None:
-            message = f"replay {holder} of service {replay.service} goes first: one replay of a service runs at a time"
+            message = (
+                f"replay {holder} of the same archive ({key[2]}:archived at {settings.address.display}) goes first: "
+                "one replay of an archive runs at a time"
+            )
             await self._wait(replay, began, plan.WAITING_FOR_REPLAY, message)
             return False
         try:
-            try:
-                settings = await self.context.brokers.settings(self.namespace, service_spec)
-            except OperatorError as exc:  # the Secret unusable, or the Kubernetes API not answering: its reason
-                await self._wait(replay, began, exc.reason, str(exc))
-                return False
-            runner = ReplayRunner(settings)
+            runner = self.context.replay_broker(settings)
             try:
                 return await self._drive(replay, began, service_name, runner)
             except ArchiveNotFoundError as exc:
@@ -152,24 +155,38 @@ class ReplayKeeper:
             finally:
                 runner.close()
         finally:
-            self.slots.release(key, self.name)
+            self.slots.release(key, self.holder)
+
+    def _queue_for(self, replay: plan.Replay, settings: BrokerSettings, service_name: str) -> Key:
+        """The slot of the archive it replays (its place among the replays waiting for it, by creation time)."""
+        key = archive_key(settings.address, service_name)
+        if key != self._slot:
+            if self._slot is not None:
+                self.slots.leave(self._slot, self.holder)
+            self._slot = key
+            self.slots.wait(key, self.holder, replay.created_at)
+        return key
 
     async def _service(
         self, replay: plan.Replay, began: plan.Started | None
-    ) -> tuple[str, CeleryEventServiceSpec] | None:
-        """The serviceName and spec of the replay's service once it is Ready; None (and why, in status) before."""
+    ) -> tuple[str, CeleryEventServiceSpec] | bool:
+        """The serviceName and spec of the replay's service once it is Ready; False (and why, in status) before;
+        True when the replay ended for want of it (it had started: its service was deleted)."""
         try:
             service = await self.services.read(self.context, (self.namespace, replay.service))
         except NotFoundError:
+            if began is not None:
+                await self._end(self._service_deleted(replay, began, done=self._done_as_written(replay), unroutable=0))
+                return True
             message = (
                 f"there is no CeleryEventService {replay.service} in namespace {self.namespace} (a replay acts on a "
                 "service of its own namespace); it starts when there is one"
             )
             await self._wait(replay, began, plan.SERVICE_NOT_FOUND, message)
-            return None
+            return False
         except KubeError as exc:  # the API's fault (not answering, a missing permission): its own reason
             await self._wait(replay, began, exc.reason, str(exc))
-            return None
+            return False
         ready = conditions.find_written(service.get("status"), conditions.READY)
         try:
             validated = specs.validate(service)
@@ -179,56 +196,68 @@ class ReplayKeeper:
             why = f" ({ready.get('reason')}: {ready.get('message')})" if ready else ""
             message = f"service {replay.service} is not Ready{why}; the replay starts once it is"
             await self._wait(replay, began, plan.SERVICE_NOT_READY, message)
-            return None
+            return False
         return validated.service_name, validated.spec
 
     async def _drive(
-        self, replay: plan.Replay, began: plan.Started | None, service_name: str, runner: ReplayRunner
+        self, replay: plan.Replay, began: plan.Started | None, service_name: str, runner: ReplayBroker
     ) -> bool:
         keep = PREVIEW_SIZE if replay.spec.dry_run else 0
-        if began is None:
-            started_at = plan.start_time(time.time())
-            surveyed = await runner.survey(service_name, replay.selection(started_at), keep)
-            decision = plan.begun(
+        resumed = began is not None
+        last_pass: conclusion.PassDone | None = None
+        seen: conclusion.ArchiveSeen | None = None
+        while True:
+            started_at = began.started_at if began is not None else plan.start_time(time.time())
+            name = began.service_name if began is not None else service_name
+            if seen is None:
+                seen = await runner.observe(name, replay.selection(started_at), keep)
+            step = conclusion.conclude(
                 self._previous(),
                 replay,
-                service_name=service_name,
+                service_name=name,
+                began=began,
                 started_at=started_at,
-                archived=surveyed.archived,
-                matched=surveyed.matched,
-            )
-            if not await self._write(decision.status_patch):
-                return False  # not recorded: nothing may move before it is
-            began = self._began = plan.Started(
-                started_at, surveyed.archived, surveyed.matched, service_name, replay.generation, None
-            )
-            self._announce(decision.events)
-            before = 0
-        else:
-            self._began = began
-            surveyed = await runner.survey(began.service_name, replay.selection(began.started_at), keep)
-            before = plan.done_before(began.matched, surveyed.matched)
-            self._logger.info(
-                "replay %s resumes: %d of %d selected events already %s",
-                self.name,
-                before,
-                began.matched,
-                replay.done_field,
-            )
-        if replay.spec.dry_run:
-            decision = plan.dry_run_ended(
-                self._previous(),
-                replay,
-                service_name=began.service_name,
-                matched=began.matched,
-                preview=surveyed.sample,
+                seen=seen,
+                last_pass=last_pass,
                 now=time.time(),
             )
-            await self._end(decision)
-            return True
-        return await self._move(replay, began, before, runner)
+            if step.action == "wait":
+                self._log_wait(step.decision)
+                if await self._write(step.decision.status_patch):
+                    self._announce(step.decision.events)
+                return False
+            if step.action == "end":
+                await self._end(step.decision)
+                return True
+            if step.action == "begin":
+                if not await self._write(step.decision.status_patch):
+                    return False  # not recorded: nothing may move before it is
+                began = self._began = plan.Started(
+                    started_at, seen.archived, seen.selected, name, replay.generation, None
+                )
+                self._announce(step.decision.events)
+                continue
+            if resumed:
+                resumed = False
+                self._logger.info(
+                    "replay %s resumes: %d of %d selected events already %s",
+                    self.name,
+                    step.done,
+                    began.matched if began is not None else 0,
+                    replay.done_field,
+                )
+            assert began is not None  # a move follows a begin
+            await self._write(step.decision.status_patch)
+            ended = await self._move(replay, began, step.done, runner)
+            if ended is not None:
+                return ended
+            tally = runner.tally
+            last_pass = conclusion.PassDone(tally.done, tally.unroutable)
+            seen = await runner.seen_after_move(began.service_name)
 
-    async def _move(self, replay: plan.Replay, began: plan.Started, before: int, runner: ReplayRunner) -> bool:
+    async def _move(self, replay: plan.Replay, began: plan.Started, before: int, runner: ReplayBroker) -> bool | None:
+        """One walk of the archive; True when the replay ended or was stopped meanwhile, None when it is to be
+        observed again."""
         moving = asyncio.ensure_future(
             runner.move(
                 began.service_name,
@@ -239,6 +268,7 @@ class ReplayKeeper:
             )
         )
         first = began.first_message
+        deleted = False
         while True:
             await asyncio.wait({moving}, timeout=STATUS_SECONDS)
             tally = runner.tally
@@ -253,10 +283,15 @@ class ReplayKeeper:
             )
             if moving.done():
                 break
-            if self._stopped or plan.spec_changed(specs.generation_of(self.body), began):
-                runner.stop.set()  # the move returns after the event in hand
+            if self._stopped or plan.spec_changed(specs.generation_of(self.body), began) or deleted:
+                runner.halt()  # the move returns after the events in hand
+            elif await self._service_gone(replay):
+                deleted = True
+                runner.halt()
             await self._write(counters)
         tally = moving.result()  # a broker failure is raised here: the next attempt resumes
+        if first is not None:
+            self._began = dataclasses.replace(began, first_message=first)
         if self._stopped:
             await self._write(counters)
             return True  # resumed by the next operator (or the resource is gone)
@@ -264,18 +299,41 @@ class ReplayKeeper:
             await self._write(counters)
             await self._spec_changed()
             return True
-        decision = plan.ended(
-            self._previous(),
-            replay,
-            service_name=began.service_name,
-            archived=began.archived,
-            matched=began.matched,
-            done=before + tally.done,
-            last=plan.message_view(tally.last),
-            now=time.time(),
+        if deleted:
+            decision = self._service_deleted(replay, began, done=before + tally.done, unroutable=tally.unroutable)
+            await self._end(plan.Decision({**counters, **decision.status_patch}, decision.events))
+            return True
+        await self._write(counters)
+        return None
+
+    async def _service_gone(self, replay: plan.Replay) -> bool:
+        """The service was deleted (or is being deleted): a fact of the API, read at most every few seconds."""
+        try:
+            service = await self.services.read(self.context, (self.namespace, replay.service))
+        except NotFoundError:
+            return True
+        except KubeError:
+            return False
+        return bool((service.get("metadata") or {}).get("deletionTimestamp"))
+
+    def _service_deleted(
+        self, replay: plan.Replay, began: plan.Started, *, done: int, unroutable: int
+    ) -> plan.Decision:
+        self._logger.warning("replay %s stops: service %s was deleted", self.name, replay.service)
+        return conclusion.service_deleted(
+            self._previous(), replay, began, done=done, unroutable=unroutable, now=time.time()
         )
-        await self._end(plan.Decision({**counters, **decision.status_patch}, decision.events))
-        return True
+
+    def _done_as_written(self, replay: plan.Replay) -> int:
+        done = (self.body.get("status") or {}).get(replay.done_field)
+        written = self._sent.get(replay.done_field, done)
+        return written if isinstance(written, int) else 0
+
+    def _log_wait(self, decision: plan.Decision) -> None:
+        condition = plan.succeeded({"conditions": decision.status_patch.get("conditions") or []})
+        current = plan.succeeded({"conditions": self._previous()})
+        if (current.get("reason"), current.get("message")) != (condition.get("reason"), condition.get("message")):
+            self._logger.info("replay %s waits: %s", self.name, condition.get("message"))
 
     # --- status and Events ----------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
+from celery_event_operator.adapters.archive import operations
 from celery_event_operator.adapters.topology import apply
 from celery_event_operator.core import naming
 from celery_event_operator.core.api.models import parse_spec
@@ -178,14 +179,16 @@ def test_replay_killed_half_way_loses_nothing(archive: dict[str, list[str]], tes
     everything = archive[CREATED] + archive[CANCELLED]
     assert set(handler_ids) | set(archived_ids) == set(everything), "each message archived or replayed"
     in_both = set(handler_ids) & set(archived_ids)
-    assert len(in_both) <= 1, "at most the one in flight is both"
+    # Copies are confirmed in batches (at most CONFIRM_SECONDS old): at 50/s, about 3 may be both.
+    in_flight = 50 * operations.CONFIRM_SECONDS + 2
+    assert len(in_both) <= in_flight, "at most the batch in flight is both"
     assert 60 <= len(handler_ids) < 300
 
     cli("replay", "billing", "--broker-url", test_vhost_url, "--event", CREATED)
     second = [m.headers["id"] for m in drain(test_vhost_url, "billing.orders.order.created")]
     replays = Counter(handler_ids + second)
     assert set(replays) == set(archive[CREATED])
-    assert sum(count - 1 for count in replays.values()) <= 1
+    assert sum(count - 1 for count in replays.values()) <= in_flight
 
 
 def test_purge(archive: dict[str, list[str]], test_vhost_url: str) -> None:

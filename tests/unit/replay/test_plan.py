@@ -8,9 +8,10 @@ import pytest
 
 from celery_event_operator.core import naming
 from celery_event_operator.core.archive import messages
+from celery_event_operator.core.broker import address
 from celery_event_operator.core.errors import InvalidSpecError
 from celery_event_operator.core.replay import plan
-from celery_event_operator.core.replay.slots import ReplaySlots
+from celery_event_operator.core.replay.slots import ReplaySlots, archive_key
 
 CREATED_AT = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 NOW = CREATED_AT + 60
@@ -220,9 +221,9 @@ def test_refused_and_failed_end_with_one_warning() -> None:
     assert [(note.type, note.reason) for note in failed.events] == [("Warning", "SpecChanged")]
 
 
-def test_one_running_replay_per_service_the_oldest_waiting_first() -> None:
+def test_one_running_replay_per_archive_the_oldest_waiting_first() -> None:
     slots = ReplaySlots()
-    billing, shipping = ("shop", "billing"), ("shop", "shipping")
+    billing, shipping = ("rabbit:5672", "shop", "billing"), ("rabbit:5672", "shop", "shipping")
     slots.wait(billing, "later", 20.0)
     slots.wait(billing, "earlier", 10.0)
     slots.wait(shipping, "other", 30.0)
@@ -238,3 +239,14 @@ def test_one_running_replay_per_service_the_oldest_waiting_first() -> None:
     slots.leave(shipping, "other")
     assert slots._running == {}, "nothing kept for replays that went"
     assert slots._waiting == {}
+
+
+def test_an_archive_is_keyed_by_what_the_broker_holds_not_by_the_resource() -> None:
+    """Two resources (any namespaces) with one serviceName on one vhost replay one archive: one slot."""
+    key = archive_key(address.parse("amqp://alice:a@Rabbit:5672/shop"), "billing")
+    assert key == archive_key(address.parse("amqp://bob:b@rabbit/shop"), "billing"), "credentials do not matter"
+    assert key == ("rabbit:5672", "shop", "billing")
+    assert key != archive_key(address.parse("amqp://alice:a@rabbit:5672/shop2"), "billing")
+    assert key != archive_key(address.parse("amqp://alice:a@rabbit:5672/shop"), "shipping")
+    failover = archive_key(address.parse("amqp://u:p@b:5672/v;amqp://u:p@a:5672/v"), "billing")
+    assert failover == archive_key(address.parse("amqp://u:p@a:5672/v;amqp://u:p@b:5672/v"), "billing")

@@ -28,7 +28,7 @@ import aiohttp
 from celery_event_operator.adapters.broker.tls import TlsFiles, client_context
 from celery_event_operator.core.broker.address import BrokerAddress
 from celery_event_operator.core.broker.alarms import Alarm, alarms_of
-from celery_event_operator.core.errors import ManagementUnavailableError
+from celery_event_operator.core.errors import ArchiveNotFoundError, ManagementUnavailableError
 from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 
 TIMEOUT_SECONDS = 10.0
@@ -129,6 +129,25 @@ class QueueListing:
             return dict(body.get("arguments") or {})
 
         return await self._guarded(read)()
+
+    async def queue(self, name: str) -> QueueCounts:
+        """One queue's counts, asked now (not cached: a replay asks before it reports an end); ManagementUnavailable-
+        Error when the API does not answer, ArchiveNotFoundError when the queue is not there."""
+
+        async def fetch() -> QueueCounts:
+            path = f"/api/queues/{self._vhost}/{urllib.parse.quote(name, safe='')}?columns={COLUMNS}"
+            status, body = await self._answer(path)
+            if status == 404:
+                raise ArchiveNotFoundError(f"there is no queue {name!r} on this broker")
+            if status != 200 or not isinstance(body, dict):
+                raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status}")
+            return QueueCounts(
+                int(body.get("messages_ready") or 0),
+                int(body.get("messages_unacknowledged") or 0),
+                int(body.get("consumers") or 0),
+            )
+
+        return await self._guarded(fetch)()
 
     async def _list_alarms(self) -> tuple[Alarm, ...]:
         status, body = await self._answer("/api/health/checks/alarms")

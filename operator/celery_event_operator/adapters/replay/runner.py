@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,15 +19,25 @@ from kombu.connection import Connection
 
 from celery_event_operator.adapters.archive import operations
 from celery_event_operator.adapters.broker.control import ControlConnection
+from celery_event_operator.adapters.broker.management import QueueListing
 from celery_event_operator.adapters.broker.tls import TlsFiles
+from celery_event_operator.core import naming
 from celery_event_operator.core.archive.messages import Selection
 from celery_event_operator.core.broker.settings import BrokerSettings
-from celery_event_operator.core.errors import BrokerRefusedError, BrokerUnavailableError
+from celery_event_operator.core.errors import BrokerRefusedError, BrokerUnavailableError, ManagementUnavailableError
+from celery_event_operator.core.replay.conclusion import ArchiveSeen
 
 T = TypeVar("T")
 # The messages a replay holds unacknowledged go back to the archive once the broker drops its connection: at once
 # when the operator's process dies, within two heartbeats when its node does.
 HEARTBEAT_SECONDS = 30.0
+# The management API's counts are the broker's statistics, refreshed every few seconds (collect_statistics_interval,
+# 5 s by default; seen 7.8 s late on a loaded broker): they may still show what this runner's own walk held a moment
+# ago. A count of held messages is taken once its ready count agrees with the broker's own (passive declare), and a
+# count above zero only once the statistics were surely refreshed since this runner let go of the archive; asked up
+# to STATISTICS_ATTEMPTS times a second apart.
+STATISTICS_SECONDS = 12.0
+STATISTICS_ATTEMPTS = 20
 
 
 class ReplayRunner:
@@ -34,18 +45,60 @@ class ReplayRunner:
         material = settings.tls
         self._tls = TlsFiles.of(material)
         self._control = ControlConnection(settings.address, self._tls, heartbeat=HEARTBEAT_SECONDS)
+        self._settings = settings
+        self._let_go_at = -float("inf")  # when its last walk of the archive ended (monotonic)
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display
         self.stop = threading.Event()
         self.tally = operations.Tally()  # the move's progress, read by the event loop while the thread writes it
 
     async def survey(self, service: str, selection: Selection, keep: int = 0) -> operations.Survey:
-        return await self._run(lambda connection: operations.survey(connection, service, selection, keep))
+        try:
+            return await self._run(lambda connection: operations.survey(connection, service, selection, keep))
+        finally:
+            self._let_go_at = time.monotonic()
+
+    async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
+        """The archive counted, then what other clients hold of it (this runner holds nothing by then)."""
+        surveyed = await self.survey(service, selection, keep)
+        held = await self._held_elsewhere(service)
+        return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
+
+    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
+        """The archive as the last move left it, when that move walked all of it once (what it saw, less what it
+        moved), and what other clients hold of it now; None when it must be walked again to be known."""
+        tally = self.tally
+        if not tally.whole:
+            return None
+        held = await self._held_elsewhere(service)
+        return ArchiveSeen(tally.archived - tally.done, tally.selected - tally.done, held)
+
+    async def _held_elsewhere(self, service: str) -> int | None:
+        """The archive's messages delivered to other clients and not acknowledged; None without a management API.
+        Its figures lag: they are taken once the API's ready count is the broker's own (passive declare)."""
+        queue = naming.archive_name(service)
+        listing = QueueListing(self._settings.address, self._settings.management_url, self._tls)
+        try:
+            counts = None
+            for _ in range(STATISTICS_ATTEMPTS):
+                ready = await self._run(lambda connection: operations.archive_size(connection, service))
+                counts = await listing.queue(queue)
+                refreshed = time.monotonic() - self._let_go_at > STATISTICS_SECONDS
+                if counts.ready == ready and (counts.unacknowledged == 0 or refreshed):
+                    break
+                await asyncio.sleep(1.0)
+        except ManagementUnavailableError:
+            return None
+        else:
+            return None if counts is None else counts.unacknowledged
+        finally:
+            await listing.close()
 
     async def move(
         self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
     ) -> operations.Tally:
         calls = 0
+        self.tally = operations.Tally()
 
         def work(connection: Connection) -> operations.Tally:
             nonlocal calls
@@ -58,7 +111,13 @@ class ReplayRunner:
                 connection, service, selection, purge=purge, limit=limit, rate=rate, tally=self.tally, stop=self.stop
             )
 
-        return await self._run(work)
+        try:
+            return await self._run(work)
+        finally:
+            self._let_go_at = time.monotonic()
+
+    def halt(self) -> None:
+        self.stop.set()
 
     async def _run(self, work: Callable[[Connection], T]) -> T:
         self._pending = asyncio.ensure_future(self._control.run_async(work))

@@ -8,8 +8,9 @@ Only events archived before the replay started are taken (`status.startTime`): a
 again is archived again and must not be replayed a second time. What a started replay must survive — a
 restart, a SIGKILL, a lost broker connection — it survives through two numbers written before anything
 moves: `startTime` and `matched` (the events the filter selected then). A replay that resumes counts the
-selected events still archived: the others are gone, so replayed (or purged) = matched - still archived,
-exact whatever the last status write had time to say, and it goes on with the rest.
+selected events still archived, on an archive it sees whole (replay/conclusion.py): the others are gone, so
+replayed (or purged) = matched - still archived, exact whatever the last status write had time to say, and it
+goes on with the rest.
 """
 
 from __future__ import annotations

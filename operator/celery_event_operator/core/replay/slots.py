@@ -1,18 +1,21 @@
-"""One running replay per service (pure): the others wait, in the order they were created.
+"""One running replay per archive (pure): the others wait, in the order they were created.
 
-Kept in memory by the operator that keeps the service (a replay goes to the shard of its service; with replicas,
-only the active one runs replays), so it needs no lock on the API. After a restart the replays that had started
-resume, one at a time again.
+An archive is what the broker holds — (broker endpoints, vhost, serviceName) — not a resource: two resources in two
+namespaces naming one serviceName on one vhost share one archive, hence one slot. Kept in memory by the operator
+that runs the replays (a replay goes to the shard of its service; with replicas, only the active one runs replays),
+so it needs no lock on the API. After a restart the replays that had started resume, one at a time again.
 """
 
 from __future__ import annotations
 
-Key = tuple[str, str]  # namespace, CeleryEventService name
+from celery_event_operator.core.broker.address import BrokerAddress
+
+Key = tuple[str, str, str]  # broker endpoints, vhost, serviceName
 
 
 class ReplaySlots:
-    """One running replay per service, the others waiting in the order they were created (in the operator that
-    keeps the service: replays go to the shard of their service)."""
+    """One running replay per archive, the others waiting in the order they were created; replays are named
+    namespace/name."""
 
     def __init__(self) -> None:
         self._running: dict[Key, str] = {}
@@ -43,3 +46,9 @@ class ReplaySlots:
     def release(self, key: Key, name: str) -> None:
         if self._running.get(key) == name:
             del self._running[key]
+
+
+def archive_key(address: BrokerAddress, service_name: str) -> Key:
+    """What a replay acts on, as the broker knows it: its endpoints, vhost and serviceName — whichever resource (in
+    whichever namespace) names it."""
+    return (",".join(sorted(endpoint.host_port for endpoint in address.endpoints)), address.vhost, service_name)

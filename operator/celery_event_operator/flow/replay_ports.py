@@ -1,0 +1,44 @@
+"""What a replay needs of the broker (the port flow/replays.py is given; adapters/replay/runner.py implements it), so
+that the replay flow imports no adapter and its sequencing can run on fakes."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from celery_event_operator.core.archive.messages import Archived, Selection
+from celery_event_operator.core.replay.conclusion import ArchiveSeen
+
+
+class MoveProgress(Protocol):
+    """How far a move is (written by the move's thread, read by the event loop)."""
+
+    done: int  # replayed (the copy confirmed) or purged
+    unroutable: int  # no queue took the copy: it stays archived
+    first: Archived | None
+    last: Archived | None
+
+
+class ReplayBroker(Protocol):
+    """One replay's broker work, on a connection of its own."""
+
+    @property
+    def tally(self) -> MoveProgress: ...  # the current (or last) move's
+
+    async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
+        """The archive counted whole, and what other clients hold of it."""
+        ...
+
+    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
+        """The archive as the last move left it when that move walked all of it (and what others hold of it now);
+        None when it must be observed again."""
+        ...
+
+    async def move(
+        self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
+    ) -> MoveProgress:
+        """One walk of the archive moving the selected events (BrokerUnavailableError when the connection fails)."""
+        ...
+
+    def halt(self) -> None: ...  # the move returns after the events in hand
+
+    def close(self) -> None: ...

@@ -1,0 +1,168 @@
+"""The replay keeper's sequencing on fakes of its ports (a broker answering as told, an API recording the writes):
+it writes what the conclusion says, once, and never an end the broker did not show."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import types
+from typing import Any
+
+from celery_event_operator.core.archive.messages import Archived, Selection
+from celery_event_operator.core.errors import NotFoundError
+from celery_event_operator.core.replay import plan
+from celery_event_operator.core.replay.conclusion import ArchiveSeen
+from celery_event_operator.flow.replays import ReplayKeeper, Shared
+from tests.unit.flow.fakes import SETTINGS, FakeBroker, FakeBrokers, RecordingLogger, resource
+from tests.unit.replay.test_plan import body
+
+
+@dataclasses.dataclass
+class Tally:
+    done: int = 0
+    unroutable: int = 0
+    first: Archived | None = None
+    last: Archived | None = None
+    whole: bool = False
+
+
+class FakeReplayBroker:
+    """Answers each observation with the next of `seen`; a move moves `moves` events and walked all the archive
+    when `whole` (then the archive is what it saw less what it moved)."""
+
+    def __init__(self, seen: list[ArchiveSeen], moves: list[int], held_after: int = 0) -> None:
+        self.seen = seen
+        self.moves = moves
+        self.held_after = held_after
+        self.tally = Tally()
+        self.asked: list[str] = []
+        self.left: ArchiveSeen | None = None
+
+    async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
+        self.asked.append("observe")
+        return self.seen.pop(0)
+
+    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
+        self.asked.append("seen_after_move")
+        return self.left
+
+    async def move(
+        self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
+    ) -> Tally:
+        self.asked.append(f"move limit={limit}")
+        self.tally = Tally(done=self.moves.pop(0))
+        return self.tally
+
+    def halt(self) -> None:
+        self.asked.append("halt")
+
+    def close(self) -> None:
+        self.asked.append("close")
+
+
+class FakeKube:
+    def __init__(self, replay: dict[str, Any], service: dict[str, Any] | None) -> None:
+        self.replay = replay
+        self.service = service
+        self.patches: list[dict[str, Any]] = []
+        self.api = types.SimpleNamespace(read_service=self._read_service, patch_replay_status=self._patch)
+
+    async def read(self, method: Any, *args: Any) -> Any:
+        return method(*args)
+
+    async def call(self, method: Any, *args: Any) -> Any:
+        return method(*args)
+
+    def _read_service(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.service is None:
+            raise NotFoundError(f"no CeleryEventService {name}")
+        return self.service
+
+    def _patch(self, namespace: str, name: str, fields: dict[str, Any]) -> None:
+        self.patches.append(fields)
+        self.replay.setdefault("status", {}).update(fields)
+
+
+class Stopped:
+    def __init__(self, after: int) -> None:
+        self.waits = after
+
+    def __bool__(self) -> bool:
+        return self.waits <= 0
+
+    async def wait(self, seconds: float) -> None:
+        self.waits -= 1
+
+
+def ready_service() -> dict[str, Any]:
+    service = resource(events={"handlers": [{"name": "e"}]})
+    service["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled", "message": ""}]}
+    return service
+
+
+def run(
+    replay: dict[str, Any], service: dict[str, Any] | None, broker: FakeReplayBroker, attempts: int = 3
+) -> tuple[FakeKube, list[tuple[str, str]]]:
+    kube = FakeKube(replay, service)
+    context = types.SimpleNamespace(
+        kube=kube, brokers=FakeBrokers(FakeBroker(SETTINGS)), replay_broker=lambda settings: broker
+    )
+    posted: list[tuple[str, str]] = []
+    keeper = ReplayKeeper(
+        context,  # type: ignore[arg-type]
+        Shared(),
+        replay,
+        lambda notes: posted.extend((note.type, note.reason) for note in notes),
+        RecordingLogger(),
+    )
+    asyncio.run(keeper.run(Stopped(attempts)))
+    return kube, posted
+
+
+def reasons(kube: FakeKube) -> list[str]:
+    return [plan.succeeded(patch)["reason"] for patch in kube.patches if "conditions" in patch]
+
+
+def test_a_held_archive_holds_the_replay_until_it_is_back_then_it_runs_and_ends_on_the_broker_count() -> None:
+    broker = FakeReplayBroker(
+        seen=[ArchiveSeen(1600, 1000, 800), ArchiveSeen(1600, 1000, 600), ArchiveSeen(1600, 1000, 0)],
+        moves=[1000],
+    )
+    broker.left = ArchiveSeen(600, 0, 0)
+    kube, posted = run(body(), ready_service(), broker)
+
+    assert reasons(kube) == ["ArchiveInUse", "ArchiveInUse", "Running", "Replayed"]
+    assert posted == [("Normal", "ArchiveInUse"), ("Normal", "Started"), ("Normal", "Replayed")]
+    assert broker.asked == [
+        *("observe", "close", "observe", "close"),  # held: looked at, nothing moved
+        *("observe", "move limit=1000", "seen_after_move", "close"),
+    ]
+    status = kube.replay["status"]
+    assert (status["matched"], status["replayed"], status["skipped"], status["remaining"]) == (1000, 1000, 0, 0)
+
+
+def test_a_pass_that_leaves_events_held_does_not_end_the_replay() -> None:
+    """The issue's resume: 811 moved, 1,190 held by a reader at the end: not Replayed, it waits and walks again."""
+    broker = FakeReplayBroker(seen=[ArchiveSeen(2001, 2001, 0), ArchiveSeen(1190, 1190, 0)], moves=[811, 1190])
+    broker.left = ArchiveSeen(0, 0, 1190)
+    kube, posted = run(body(), ready_service(), broker, attempts=1)
+
+    assert reasons(kube) == ["Running", "ArchiveInUse"]
+    assert "replayed" not in kube.replay["status"] or kube.replay["status"]["replayed"] == 811
+    assert ("Normal", "Replayed") not in posted
+
+
+def test_a_started_replay_whose_service_is_gone_ends_service_deleted_without_touching_the_broker() -> None:
+    replay = body(
+        status=plan.begun(
+            [], plan.understand(body()), service_name="billing", started_at=1.8e9, archived=3000, matched=3000
+        ).status_patch
+        | {"replayed": 612}
+    )
+    broker = FakeReplayBroker(seen=[], moves=[])
+    kube, posted = run(replay, None, broker)
+
+    assert reasons(kube) == ["ServiceDeleted"]
+    assert posted == [("Warning", "ServiceDeleted")]
+    assert broker.asked == []
+    assert kube.replay["status"]["replayed"] == 612
