@@ -30,7 +30,7 @@ from tests.integration.replay.test_replay_resource import (
     replay_status,
     succeeded,
 )
-from tests.support.kube import EmulatedApi, eventually
+from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import stays
 
@@ -189,8 +189,10 @@ def test_a_replay_whose_service_is_deleted_stops_and_says_so(
 def test_two_resources_on_one_archive_never_replay_it_at_once(
     kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
 ) -> None:
-    """`billing` in namespaces default and shop, Secrets for the same vhost: one archive, so one replay at a time,
-    whichever resource it comes from, and each one's counts true."""
+    """`billing` in namespaces default and shop, Secrets for the same vhost: one archive. The second resource does
+    not own the name (ServiceNameConflict), so its replay waits and touches nothing while the owner's runs; once the
+    owner is deleted (its topology retained) the second takes the name over and its replay runs — never both at
+    once, each one's counts true."""
     for namespace in ("default", "shop"):
         create_broker_secret(kube_api, test_vhost_url, namespace=namespace)
     operator = OperatorProcess(kube_api.kubeconfig, tmp_path / "operator.log").start()
@@ -206,17 +208,28 @@ def test_two_resources_on_one_archive_never_replay_it_at_once(
             message="the first replay did not start",
         )
         create_service(kube_api, namespace="shop")
-        ready(kube_api, namespace="shop")
-        create_replay(kube_api, "cancelled", namespace="shop", filter={"events": [CANCELLED]}, ratePerSecond=200)
         eventually(
-            lambda: succeeded(kube_api, "cancelled", "shop").get("reason") == "WaitingForReplay",
+            lambda: condition(kube_api, "Ready", namespace="shop").get("reason") == "ServiceNameConflict",
+            timeout=30,
+            message="the second resource of one service name was not refused",
+        )
+        create_replay(kube_api, "cancelled", namespace="shop", filter={"events": [CANCELLED]}, ratePerSecond=200)
+        waiting = eventually(
+            lambda: (
+                succeeded(kube_api, "cancelled", "shop").get("reason") == "ServiceNotReady"
+                and succeeded(kube_api, "cancelled", "shop")
+            ),
             timeout=30,
             interval=0.2,
-            message="the second replay of one archive did not wait for the first",
+            message="the replay of the refused resource did not wait",
         )
-        assert "default/created" in succeeded(kube_api, "cancelled", "shop")["message"]
+        assert "default/billing" in waiting["message"], waiting
         first = ended(kube_api, "created", timeout=60)
-        second = ended(kube_api, "cancelled", timeout=60, namespace="shop")
+        assert succeeded(kube_api, "cancelled", "shop").get("reason") == "ServiceNotReady"
+        assert depth(test_vhost_url, "billing:archived") == 400, "the waiting replay moved nothing"
+        kube_api.client.delete(SERVICES.format(namespace="default") + "/billing")  # deletionPolicy retain
+        ready(kube_api, namespace="shop")
+        second = ended(kube_api, "cancelled", timeout=90, namespace="shop")
     finally:
         operator.stop()
 
