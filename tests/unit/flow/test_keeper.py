@@ -325,6 +325,25 @@ async def test_a_refused_resource_that_cannot_claim_this_time_still_configures_a
     assert second.condition("BrokerReachable") == ("False", "BrokerUnreachable")
 
 
+async def test_a_refused_resource_after_a_restart_configures_and_consumes_nothing_while_it_cannot_claim() -> None:
+    """The operator restarted while the broker does not answer: the status says whose the service was."""
+    broker = FakeBroker()
+    owner, second = Harness(resource(), broker), Harness(in_namespace("shop2", "u2"), broker)
+    await owner.reconcile()
+    await second.reconcile()
+    second.reasons()
+    restarted = Harness(second.body, broker)
+    broker.claim_failure = BrokerUnavailableError("down")
+    await restarted.reconcile()
+    await restarted.status_pass()
+    assert restarted.cluster.made("sync_workers") == [], "the refused resource's workers are not configured"
+    assert len(broker.events.subscriptions) == 1, "only the owner's events are consumed"
+    assert broker.declares == [("billing", False)]
+    broker.claim_failure = None
+    await restarted.reconcile()
+    assert restarted.condition("Ready") == ("False", "ServiceNameConflict")
+
+
 async def test_deleting_a_resource_that_never_claimed_its_service_removes_nothing() -> None:
     """The version before claims served it, and its sibling of the same name has not been reconciled yet."""
     harness = Harness(resource(deletionPolicy="delete"))
