@@ -304,7 +304,7 @@ class ServiceKeeper:
     async def _delete_entities(
         self, body: Mapping[str, Any], remove: bool
     ) -> tuple[DeclareOutcome | None, Holder | None]:
-        found = self._understood(body)
+        found = specs.understand(specs.as_accepted(body))  # the service it was acting on, whatever changed since
         if isinstance(found, InvalidSpecError):
             return None, None
         brokers = self.context.brokers

@@ -344,6 +344,19 @@ async def test_a_refused_resource_after_a_restart_configures_and_consumes_nothin
     assert restarted.condition("Ready") == ("False", "ServiceNameConflict")
 
 
+async def test_a_deletion_after_a_refused_change_of_service_name_releases_the_name_it_owns() -> None:
+    """An API that does not enforce the CRD's immutability rule let spec.serviceName change; the operator refused it."""
+    harness = Harness(resource())
+    await harness.reconcile()
+    assert "billing" in harness.broker.claims
+    harness.body["spec"]["serviceName"] = "other"
+    harness.body["metadata"]["generation"] = 2
+    await harness.reconcile()
+    assert harness.condition("Ready")[1] == "ImmutableFieldChanged"
+    assert await harness.keeper.delete_entities(harness.body, remove=False, last_try=False) is None
+    assert harness.broker.claims == {}, "the claim on 'billing' released: the next claimant can take it"
+
+
 async def test_deleting_a_resource_that_never_claimed_its_service_removes_nothing() -> None:
     """The version before claims served it, and its sibling of the same name has not been reconciled yet."""
     harness = Harness(resource(deletionPolicy="delete"))
