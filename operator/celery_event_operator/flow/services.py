@@ -54,7 +54,7 @@ from celery_event_operator.core.service.observations import (
     QueuesSeen,
     ScalingSeen,
 )
-from celery_event_operator.core.service.ownership import Claim, Claimant, Holder
+from celery_event_operator.core.service.ownership import Claim, Claimant, Holder, shown_refused
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod
 from celery_event_operator.core.topology.outcome import DeclareOutcome, Report
 from celery_event_operator.flow import steps
@@ -106,7 +106,8 @@ class ServiceKeeper:
         self._deleting = False  # the resource is being deleted: its entities are removed, nothing is declared
         self._api_retry = False  # the last reconcile met the Kubernetes API not answering
         self._by_generation = specs.GenerationCache[specs.Understood | InvalidSpecError](1)
-        self._owner = True  # the last claim on the service's topology was ours (or none was made yet)
+        # The last claim on the service's topology was ours; None: none made by this process yet (the status tells).
+        self._owner: bool | None = None
         self._settings: BrokerSettings | None = None  # the broker settings last read from the Secret
 
     # --- the two passes ---------------------------------------------------------------------
@@ -132,6 +133,8 @@ class ServiceKeeper:
         broker, unusable, settings_unavailable = await self._broker_for(found, claimant)
         declared = specs.declared_entities(body)
         remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
+        if self._owner is None:  # the operator restarted: a claim the broker cannot answer now must not act on it
+            self._owner = not shown_refused(body.get("status"))
         # The claim first: nothing of a service another resource owns is declared, configured or consumed.
         claimed = await steps.claim(broker, found.service, claimant) if broker is not None else None
         ownership = None
@@ -301,7 +304,7 @@ class ServiceKeeper:
     async def _delete_entities(
         self, body: Mapping[str, Any], remove: bool
     ) -> tuple[DeclareOutcome | None, Holder | None]:
-        found = self._understood(body)
+        found = specs.understand(specs.as_accepted(body))  # the service it was acting on, whatever changed since
         if isinstance(found, InvalidSpecError):
             return None, None
         brokers = self.context.brokers

@@ -4,6 +4,7 @@ and with raw AMQP messages."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from kombu.connection import Connection
 
 from celery_event_operator.adapters.topology import apply
 from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.options import DEFAULT_INSTALLATION_ID
 from celery_event_operator.core.service.ownership import Claimant, holder_of
 from celery_event_operator.core.topology import plan
 from celery_event_operator.core.topology.declared import Declared
@@ -273,3 +275,18 @@ def test_the_first_claim_of_a_service_name_wins_and_only_its_holder_releases_it(
     assert apply._declared_at_once(connection, plan.plan("billing", spec())), "the channel serves on after a refusal"
     assert apply.release(connection, "billing", first) is None
     assert apply.claim(connection, "billing", second) is None, "released: the next claimant has it"
+
+
+def test_a_refusal_names_the_holder_of_a_claim_whose_ids_are_as_long_as_real_ones(connection: Connection) -> None:
+    """Without a management API the holder is read from the refusal, which RabbitMQ cuts at 255 bytes: with the
+    default installation id and uids of the API's length, ours and the holder's id do not both fit."""
+    first = Claimant(DEFAULT_INSTALLATION_ID, "shop", "billing", str(uuid.uuid4()))
+    second = Claimant(DEFAULT_INSTALLATION_ID, "shop2", "billing", str(uuid.uuid4()))
+    assert apply.claim(connection, "billing", first.arguments()) is None
+    for refused in (apply.claim, apply.release):
+        refusal = refused(connection, "billing", second.arguments())
+        assert refusal is not None
+        holder = holder_of(None, refusal)
+        assert holder.describe(second) == "shop/billing"
+        assert holder.same_resource_as(first), "the holder's uid is read too (a changed installation id)"
+    assert apply.release(connection, "billing", first.arguments()) is None, "the holder still releases it"

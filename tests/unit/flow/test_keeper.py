@@ -325,6 +325,38 @@ async def test_a_refused_resource_that_cannot_claim_this_time_still_configures_a
     assert second.condition("BrokerReachable") == ("False", "BrokerUnreachable")
 
 
+async def test_a_refused_resource_after_a_restart_configures_and_consumes_nothing_while_it_cannot_claim() -> None:
+    """The operator restarted while the broker does not answer: the status says whose the service was."""
+    broker = FakeBroker()
+    owner, second = Harness(resource(), broker), Harness(in_namespace("shop2", "u2"), broker)
+    await owner.reconcile()
+    await second.reconcile()
+    second.reasons()
+    restarted = Harness(second.body, broker)
+    broker.claim_failure = BrokerUnavailableError("down")
+    await restarted.reconcile()
+    await restarted.status_pass()
+    assert restarted.cluster.made("sync_workers") == [], "the refused resource's workers are not configured"
+    assert len(broker.events.subscriptions) == 1, "only the owner's events are consumed"
+    assert broker.declares == [("billing", False)]
+    broker.claim_failure = None
+    await restarted.reconcile()
+    assert restarted.condition("Ready") == ("False", "ServiceNameConflict")
+
+
+async def test_a_deletion_after_a_refused_change_of_service_name_releases_the_name_it_owns() -> None:
+    """An API that does not enforce the CRD's immutability rule let spec.serviceName change; the operator refused it."""
+    harness = Harness(resource())
+    await harness.reconcile()
+    assert "billing" in harness.broker.claims
+    harness.body["spec"]["serviceName"] = "other"
+    harness.body["metadata"]["generation"] = 2
+    await harness.reconcile()
+    assert harness.condition("Ready")[1] == "ImmutableFieldChanged"
+    assert await harness.keeper.delete_entities(harness.body, remove=False, last_try=False) is None
+    assert harness.broker.claims == {}, "the claim on 'billing' released: the next claimant can take it"
+
+
 async def test_deleting_a_resource_that_never_claimed_its_service_removes_nothing() -> None:
     """The version before claims served it, and its sibling of the same name has not been reconciled yet."""
     harness = Harness(resource(deletionPolicy="delete"))

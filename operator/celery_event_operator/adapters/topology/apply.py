@@ -27,6 +27,9 @@ from celery_event_operator.core.topology.plan import Topology
 _ARGUMENT_IN_ERROR = re.compile(r"inequivalent arg '([^']+)'")
 PRECONDITION_FAILED = 406
 
+# The id of the probe that reads a claim's holder from a refusal: no claimant's id (installation/namespace/name/uid).
+_PROBE_ID = "?"
+
 
 class _Channel:
     """A channel that stays usable after RabbitMQ closed it for a channel-level error.
@@ -279,7 +282,7 @@ def claim(connection: Connection, service: str, arguments: dict[str, str]) -> st
     try:
         channel.exchange_declare(name, "fanout", durable=True, auto_delete=False, arguments=dict(arguments))
     except amqp.exceptions.PreconditionFailed as exc:
-        return str(getattr(exc, "reply_text", "") or exc)
+        return _naming_the_holder(connection, service, _refusal_text(exc))
     return None
 
 
@@ -305,10 +308,12 @@ def release(connection: Connection, service: str, arguments: dict[str, str]) -> 
         _declare_claim(channel, service, arguments)
         channel.call("exchange_delete", naming.owner_exchange_name(service))
     except amqp.exceptions.PreconditionFailed as exc:
-        return str(getattr(exc, "reply_text", "") or exc)
+        refusal = _refusal_text(exc)
+    else:
+        return None
     finally:
         channel.close()
-    return None
+    return _naming_the_holder(connection, service, refusal)
 
 
 def take_over(connection: Connection, service: str, arguments: dict[str, str], *, held: str) -> str | None:
@@ -321,3 +326,24 @@ def take_over(connection: Connection, service: str, arguments: dict[str, str], *
 def _declare_claim(channel: _Channel, service: str, arguments: dict[str, str]) -> None:
     name = naming.owner_exchange_name(service)
     channel.call("exchange_declare", name, "fanout", durable=True, auto_delete=False, arguments=dict(arguments))
+
+
+def _refusal_text(error: amqp.exceptions.AMQPError) -> str:
+    return str(getattr(error, "reply_text", "") or error)
+
+
+def _naming_the_holder(connection: Connection, service: str, refusal: str) -> str:
+    """`refusal`, or when RabbitMQ cut it (at 255 bytes) before the holder's id, the refusal of a declare whose own
+    id is one character, which leaves room for the holder's: what names it without a management API. A claim the
+    probe made (the holder released it meanwhile) is deleted at once; the refusal then stays as it was."""
+    if ownership.holder_of(None, refusal).id is not None:
+        return refusal
+    channel = _Channel(connection)
+    try:
+        _declare_claim(channel, service, {ownership.ID_ARGUMENT: _PROBE_ID})
+        channel.call("exchange_delete", naming.owner_exchange_name(service))
+    except amqp.exceptions.PreconditionFailed as exc:
+        return _refusal_text(exc)
+    finally:
+        channel.close()
+    return refusal

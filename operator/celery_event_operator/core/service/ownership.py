@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from celery_event_operator.core.api import conditions
+
 # The alternate-exchange value is an exchange name: at most 255 bytes (AMQP's short string).
 ID_MAX_BYTES = 255
 ID_ARGUMENT = "alternate-exchange"
@@ -121,3 +123,8 @@ def conflict_message(service: str, ours: Claimant, holder: Holder) -> str:
         "declares, deletes, consumes and replays nothing of it, and takes it over once that resource is gone "
         "(set a spec.serviceName of its own to run a service of its own)"
     )
+
+
+def shown_refused(status: Mapping[str, Any] | None) -> bool:
+    """Whether a resource's status (as the API holds it) says another resource owns its service."""
+    return conditions.find_written(status, conditions.READY).get("reason") == CONFLICT_REASON

@@ -4,6 +4,7 @@ the immutable fields, and what the operator remembers on the resource (its annot
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
@@ -111,6 +112,25 @@ def immutable_changes(body: Mapping[str, Any]) -> tuple[dict[str, Any], Immutabl
     if not changed:
         return current, None
     return accepted, ImmutableFieldChangedError("; ".join(changed) + " (set it back, or create a new resource)")
+
+
+def as_accepted(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The resource with its immutable fields as the operator accepted them — what its entities and its claim on
+    the broker were made under — when a change of one was refused (an API that does not enforce the CRD's rule)."""
+    accepted, changed = immutable_changes(body)
+    if changed is None:
+        return body
+    spec = copy.deepcopy(dict(body.get("spec") or {}))
+    for field, value in accepted.items():
+        *parents, last = field.split(".")
+        target = spec
+        for part in parents:
+            target = target.setdefault(part, {})
+        if value is None:
+            target.pop(last, None)
+        else:
+            target[last] = value
+    return {**body, "spec": spec}
 
 
 def annotations_of(body: Mapping[str, Any]) -> Mapping[str, str]:
