@@ -57,8 +57,8 @@ def node_manifest(name: str = NODE) -> dict[str, Any]:
 
 
 class _WorkerSpec:
-    def __init__(self, app_dir: pathlib.Path, module: str, options: tuple[str, ...]) -> None:
-        self.app_dir, self.module, self.options = app_dir, module, options
+    def __init__(self, app_dir: pathlib.Path, module: str, options: tuple[str, ...], env: dict[str, str]) -> None:
+        self.app_dir, self.module, self.options, self.env = app_dir, module, options, env
 
 
 class ProcessKubelet:
@@ -79,9 +79,12 @@ class ProcessKubelet:
 
     # -- what the tests use -----------------------------------------------------------------------------------
 
-    def run_workers(self, namespace: str, app_dir: pathlib.Path, module: str, *options: str) -> None:
-        """Pods bound from now on in `namespace` run `celery -A module worker *options` in `app_dir`."""
-        self._specs[namespace] = _WorkerSpec(app_dir, module, options)
+    def run_workers(
+        self, namespace: str, app_dir: pathlib.Path, module: str, *options: str, env: dict[str, str] | None = None
+    ) -> None:
+        """Pods bound from now on in `namespace` run `celery -A module worker *options` in `app_dir`, named
+        `celery@<pod name>` as in a container (whose host name is the pod's); `env` is what the image would add."""
+        self._specs[namespace] = _WorkerSpec(app_dir, module, options, env or {})
 
     def workers(self, namespace: str) -> dict[str, Worker]:
         """The running workers of a namespace, by pod name."""
@@ -151,8 +154,9 @@ class ProcessKubelet:
         spec = self._specs.get(namespace)
         started = _now()
         if spec is not None:
-            env = as_kubelet_would(pod, self.client, self.directory / namespace / name / "settings")
-            worker = Worker(spec.app_dir, spec.module, env, self.directory / f"{namespace}.{name}.log", *spec.options)
+            env = {**spec.env, **as_kubelet_would(pod, self.client, self.directory / namespace / name / "settings")}
+            log = self.directory / f"{namespace}.{name}.log"
+            worker = Worker(spec.app_dir, spec.module, env, log, "-n", f"celery@{name}", *spec.options)
             with self._lock:
                 self._workers[uid] = worker
             worker.start()
