@@ -41,12 +41,21 @@ BUILD_SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "controlplane" /
 ADMISSION_PLUGINS = "NodeRestriction,OwnerReferencesPermissionEnforcement"
 # The controllers whose behaviour the operator relies on: the garbage collector (owned ConfigMaps), Deployments
 # and ReplicaSets (rollouts, scale-down by deletion cost), StatefulSets, PodDisruptionBudgets (evictions), and the
-# service accounts and their tokens (pods and the operator's identity), the namespace controller (cleanup).
+# service accounts and their tokens (pods and the operator's identity), the namespace controller (cleanup), and
+# the aggregation of ClusterRoles (the chart's rules for users, aggregated into `edit` and `view`).
 CONTROLLERS = (
     "garbagecollector,deployment,replicaset,statefulset,disruption,serviceaccount,serviceaccount-token,namespace,"
-    "root-ca-certificate-publisher"
+    "root-ca-certificate-publisher,clusterrole-aggregation"
 )
 SERVICE_CIDR = "10.96.0.0/24"
+# Every request's user, verb, resource and answer code (not the bodies: secrets stay out), one JSON line each in
+# audit.log: what the tests read to prove an identity was never refused.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata"}],
+}
 STATE_FILE = "state.json"
 
 
@@ -190,6 +199,7 @@ class ControlPlane:
         self.directory = directory
         self.binaries = binaries
         self.kubeconfig = directory / "kubeconfig"
+        self.audit_log = directory / "audit.log"
         self.url = ""
         self.pids: dict[str, int] = {}
         self.etcd_data = ""
@@ -232,6 +242,8 @@ class ControlPlane:
                 ],
             )
             signing_key, verifying_key = pki.service_account_keys()
+            audit_policy = self.directory / "audit-policy.yaml"
+            audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
             self._spawn(
                 "kube-apiserver",
                 binaries / "kube-apiserver",
@@ -252,6 +264,9 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 "--profiling=false",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-mode=blocking",  # written before the answer: a test reads it right after
             )
             admin = pki.issue("admin", "admin", "system:masters")
             write_kubeconfig(self.kubeconfig, self.url, pki.ca_path, certificate=admin)

@@ -28,6 +28,7 @@ SIGTERM and SIGKILL after its grace period, as a kubelet does.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import pathlib
 import secrets
@@ -77,6 +78,15 @@ class Cluster:
             timeout=60,
             check=check,
         )
+
+    def audit(self, user: str) -> list[dict[str, Any]]:
+        """The API server's audit record of every request `user` made (verb, objectRef, responseStatus)."""
+        found = []
+        for line in self.plane.audit_log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["user"].get("username") == user:
+                found.append(entry)
+        return found
 
     def client_as(self, token: str) -> KubeClient:
         """A client whose requests carry `token` (a ServiceAccount's, or a user's)."""
@@ -196,6 +206,18 @@ class ChartOperator:
             self.namespace, service_account, self.directory / "operator.kubeconfig"
         )
         return self
+
+    def start_all(self) -> ChartOperator:
+        """Every replica of every rendered Deployment (shards), as local processes."""
+        for index, deployment in enumerate(self.deployments):
+            for _ in range(deployment["spec"]["replicas"]):
+                self.start(index)
+        return self
+
+    @property
+    def process(self) -> OperatorProcess:
+        """The first replica started (the one the webhook configuration points at)."""
+        return self.processes[0]
 
     def start(self, deployment_index: int = 0) -> OperatorProcess:
         """One replica of a rendered Deployment (a shard's), as a local process; the webhook configuration then

@@ -15,9 +15,8 @@ from typing import Any
 from celery_event_operator.core.api import metadata
 from tests.conftest import create_broker_secret
 from tests.integration.lifecycle.fleet import APPS, HANDLER_QUEUE, STUCK_AFTER_SECONDS, service
-from tests.support.cluster import Cluster
+from tests.support.cluster import ChartOperator, Cluster
 from tests.support.kube import condition, eventually, gone
-from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import stays
 
 HASH = metadata.HASH_ANNOTATION
@@ -108,7 +107,7 @@ class Service:
 
 
 def test_pods_are_admitted_by_the_api_servers_webhook_call_and_rolled_by_the_deployment_controller(
-    cluster: Cluster, namespace: str, chart_operator: OperatorProcess, test_vhost_url: str, tmp_path: pathlib.Path
+    cluster: Cluster, namespace: str, chart_operator: ChartOperator, test_vhost_url: str, tmp_path: pathlib.Path
 ) -> None:
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
     billing.start(test_vhost_url, replicas=2)
@@ -147,7 +146,7 @@ def test_pods_are_admitted_by_the_api_servers_webhook_call_and_rolled_by_the_dep
 
 
 def test_the_garbage_collector_removes_the_settings_configmap_with_its_service(
-    cluster: Cluster, namespace: str, chart_operator: OperatorProcess, test_vhost_url: str, tmp_path: pathlib.Path
+    cluster: Cluster, namespace: str, chart_operator: ChartOperator, test_vhost_url: str, tmp_path: pathlib.Path
 ) -> None:
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
     billing.start(test_vhost_url, replicas=0)
@@ -161,7 +160,7 @@ def test_the_garbage_collector_removes_the_settings_configmap_with_its_service(
 
 
 def test_a_scale_down_removes_the_idle_pod_and_the_busy_one_finishes_its_task(
-    cluster: Cluster, namespace: str, chart_operator: OperatorProcess, test_vhost_url: str, tmp_path: pathlib.Path
+    cluster: Cluster, namespace: str, chart_operator: ChartOperator, test_vhost_url: str, tmp_path: pathlib.Path
 ) -> None:
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
     billing.start(test_vhost_url, replicas=1)
@@ -183,7 +182,7 @@ def test_a_scale_down_removes_the_idle_pod_and_the_busy_one_finishes_its_task(
 
 
 def test_a_stuck_worker_is_evicted_through_the_eviction_api_as_its_disruption_budget_allows(
-    cluster: Cluster, namespace: str, chart_operator: OperatorProcess, test_vhost_url: str, tmp_path: pathlib.Path
+    cluster: Cluster, namespace: str, chart_operator: ChartOperator, test_vhost_url: str, tmp_path: pathlib.Path
 ) -> None:
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
     billing.start(test_vhost_url, replicas=2)
