@@ -43,9 +43,20 @@ ADMISSION_PLUGINS = "NodeRestriction,OwnerReferencesPermissionEnforcement"
 # and ReplicaSets (rollouts, scale-down by deletion cost), StatefulSets, PodDisruptionBudgets (evictions), and the
 # service accounts and their tokens (pods and the operator's identity), the namespace controller (cleanup), and
 # the aggregation of ClusterRoles (the chart's rules for users, aggregated into `edit` and `view`).
-CONTROLLERS = (
-    "garbagecollector,deployment,replicaset,statefulset,disruption,serviceaccount,serviceaccount-token,namespace,"
-    "root-ca-certificate-publisher,clusterrole-aggregation"
+CONTROLLERS = ",".join(
+    f"{name}-controller"
+    for name in (
+        "garbage-collector",
+        "deployment",
+        "replicaset",
+        "statefulset",
+        "disruption",
+        "serviceaccount",
+        "serviceaccount-token",
+        "namespace",
+        "root-ca-certificate-publisher",
+        "clusterrole-aggregation",
+    )
 )
 SERVICE_CIDR = "10.96.0.0/24"
 # Every request's user, verb, resource and answer code (not the bodies: secrets stay out), one JSON line each in
