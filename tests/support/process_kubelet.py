@@ -106,6 +106,10 @@ class ProcessKubelet:
                 raise
         # A Node's status is its kubelet's to write: the API drops it on create.
         self.client.merge_patch(f"/api/v1/nodes/{self.node}/status", {"status": node_manifest(self.node)["status"]})
+        # The TaintNodesByCondition admission plugin taints a new node not-ready; the node-lifecycle controller
+        # lifts the taint once the node reports Ready. That controller also evicts from nodes whose kubelet's
+        # Lease lapses, which is not the behaviour under test: it does not run, and the taint is lifted here.
+        self.client.merge_patch(f"/api/v1/nodes/{self.node}", {"spec": {"taints": None}})
         self._thread.start()
         return self
 
