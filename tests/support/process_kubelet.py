@@ -163,7 +163,12 @@ class ProcessKubelet:
             worker = Worker(spec.app_dir, spec.module, env, log, "-n", f"celery@{name}", *spec.options)
             with self._lock:
                 self._workers[uid] = worker
-            worker.start()
+            try:
+                worker.start()
+            except RuntimeError:
+                if uid in self._terminating:
+                    return  # deleted while it started: stopped by _terminate, as a kubelet would
+                raise
             if uid in self._terminating:
                 return
         self._report_running(pod, started)

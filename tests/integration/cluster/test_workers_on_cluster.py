@@ -92,6 +92,32 @@ class Service:
             and pod.get("status", {}).get("phase") == "Running"
         }
 
+    def template_hash(self) -> str | None:
+        annotations = self.cluster.client.get(self.deployment)["spec"]["template"]["metadata"].get("annotations")
+        found: str | None = (annotations or {}).get(HASH)
+        return found
+
+    def settled(self, replicas: int) -> dict[str, dict[str, Any]]:
+        """The running pods once the workload settled: `replicas` of them, all with the settings stamped on the
+        pod template (the stamp itself is a template change: the Deployment controller rolls once for it)."""
+
+        def done() -> dict[str, dict[str, Any]]:
+            running, stamp = self.running(), self.template_hash()
+            hashes = {(pod["metadata"].get("annotations") or {}).get(HASH) for pod in running.values()}
+            pods = {
+                pod["metadata"]["name"]: (
+                    pod.get("status", {}).get("phase"),
+                    bool(pod["metadata"].get("deletionTimestamp")),
+                )
+                for pod in self.pods()
+            }
+            settled = stamp is not None and len(running) == replicas == len(pods) and hashes == {stamp}
+            assert settled, f"template {stamp}, running {sorted(running)} with {hashes}, pods {pods}"
+            return running
+
+        found: dict[str, dict[str, Any]] = eventually(done, timeout=90, message="the workers never settled")
+        return found
+
     def fire(self, *events: tuple[int, str]) -> None:
         code = (
             "from orders_app import order_created\n"
@@ -111,35 +137,22 @@ def test_pods_are_admitted_by_the_api_servers_webhook_call_and_rolled_by_the_dep
 ) -> None:
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
     billing.start(test_vhost_url, replicas=2)
-    first = eventually(lambda: len(billing.running()) == 2 and billing.running(), timeout=90)
+    first = billing.settled(2)
     for pod in first.values():
         # What the API server stored is what the webhook's patch made of the pod: settings, broker, hash.
         [container] = pod["spec"]["containers"]
         env = {variable["name"]: variable for variable in container["env"]}
         assert env["CELERY_CONFIG_MODULE"]["value"]
-        assert (
-            "secretKeyRef"
-            in next(v for v in env.values() if "valueFrom" in v and "secretKeyRef" in v["valueFrom"])["valueFrom"]
-        )
-        assert HASH in pod["metadata"]["annotations"]
+        assert any("secretKeyRef" in variable.get("valueFrom", {}) for variable in env.values())
     billing.fire((1, "ok"), (2, "ok"))
     eventually(lambda: sorted(billing.phases()) == [(1, "handled"), (2, "handled")], timeout=30)
 
     # A settings change: the operator stamps the new hash on the template, the Deployment controller rolls.
-    stamped = cluster.client.get(billing.deployment)["spec"]["template"]["metadata"]["annotations"][HASH]
+    stamped = billing.template_hash()
     cluster.client.merge_patch(f"{billing.ces}/billing", {"spec": {"retry": {"maxRetries": 3}}})
-    second = eventually(
-        lambda: (
-            {p["metadata"]["annotations"][HASH] for p in billing.running().values()} - {stamped}
-            and len(billing.running()) == 2
-            and set(billing.running()).isdisjoint(first)
-            and billing.running()
-        ),
-        timeout=120,
-        message="the Deployment controller did not replace the pods",
-    )
-    template = cluster.client.get(billing.deployment)["spec"]["template"]["metadata"]["annotations"][HASH]
-    assert {pod["metadata"]["annotations"][HASH] for pod in second.values()} == {template} != {stamped}
+    eventually(lambda: billing.template_hash() != stamped, timeout=30, message="the new settings were not stamped")
+    second = billing.settled(2)
+    assert set(second).isdisjoint(first), "the Deployment controller did not replace the pods"
     eventually(lambda: all(gone(cluster.client, f"/api/v1/namespaces/{namespace}/pods/{n}") for n in first), timeout=60)
     billing.fire((3, "ok"))
     eventually(lambda: (3, "handled") in billing.phases(), timeout=30)
@@ -164,7 +177,7 @@ def test_a_scale_down_removes_the_idle_pod_and_the_busy_one_finishes_its_task(
 ) -> None:
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
     billing.start(test_vhost_url, replicas=1)
-    [busy] = eventually(lambda: len(billing.running()) == 1 and list(billing.running()), timeout=90)
+    [busy] = billing.settled(1)
     billing.fire((1, "long:30"))
     eventually(lambda: billing.phases() == [(1, "started")], timeout=30)
     cluster.client.merge_patch(billing.deployment, {"spec": {"replicas": 2}})
@@ -186,7 +199,7 @@ def test_a_stuck_worker_is_evicted_through_the_eviction_api_as_its_disruption_bu
 ) -> None:
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
     billing.start(test_vhost_url, replicas=2)
-    pods = eventually(lambda: len(billing.running()) == 2 and list(billing.running()), timeout=90)
+    pods = list(billing.settled(2))
     budget = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
