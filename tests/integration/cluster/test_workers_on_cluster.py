@@ -207,13 +207,23 @@ def test_a_stuck_worker_is_evicted_through_the_eviction_api_as_its_disruption_bu
         "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "billing-worker"}}},
     }
     cluster.client.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", budget)
+    eventually(lambda: billing.condition("WorkersHealthy").get("status") == "True", timeout=60)
     stuck = pods[0]
     worker = cluster.kubelet.workers(namespace)[stuck]
+    # The process and its heartbeats go on; its consumer of the handler queue is gone.
     worker.run(
         "from orders_app import app\n"
         f"print(app.control.cancel_consumer({HANDLER_QUEUE!r}, destination=['celery@{stuck}'], reply=True))"
     )
-    eventually(lambda: billing.condition("WorkersHealthy").get("status") == "False", timeout=STUCK_AFTER_SECONDS + 40)
+    billing.fire(*[(order_id, "ok") for order_id in range(1, 11)])
+
+    def reported_stuck() -> dict[str, Any]:
+        found = billing.condition("WorkersHealthy")
+        assert found.get("status") == "False", found  # the last state shown when it never is
+        return found
+
+    reported = eventually(reported_stuck, timeout=STUCK_AFTER_SECONDS + 40)
+    assert f"{stuck}: consumes from no handler queue" in reported["message"]
     # minAvailable 2 of 2: the disruption controller allows no eviction, and the stuck pod stays.
     stays(lambda: stuck in billing.running(), seconds=8, message="evicted against the PodDisruptionBudget")
     cluster.client.merge_patch(
@@ -223,4 +233,5 @@ def test_a_stuck_worker_is_evicted_through_the_eviction_api_as_its_disruption_bu
     eventually(
         lambda: len(billing.running()) == 2 and billing.condition("WorkersHealthy").get("status") == "True", timeout=90
     )
+    eventually(lambda: sorted(order for order, _ in billing.phases()) == list(range(1, 11)), timeout=60)
     assert gone(cluster.client, f"/api/v1/namespaces/{namespace}/pods/{stuck}")
