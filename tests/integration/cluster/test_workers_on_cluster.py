@@ -198,17 +198,16 @@ def test_a_stuck_worker_is_evicted_through_the_eviction_api_as_its_disruption_bu
     cluster: Cluster, namespace: str, chart_operator: ChartOperator, test_vhost_url: str, tmp_path: pathlib.Path
 ) -> None:
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
-    billing.start(test_vhost_url, replicas=2)
-    pods = list(billing.settled(2))
+    billing.start(test_vhost_url, replicas=1)
+    [stuck] = billing.settled(1)
     budget = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": "billing-worker"},
-        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "billing-worker"}}},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "billing-worker"}}},
     }
     cluster.client.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", budget)
     eventually(lambda: billing.condition("WorkersHealthy").get("status") == "True", timeout=60)
-    stuck = pods[0]
     worker = cluster.kubelet.workers(namespace)[stuck]
     # The process and its heartbeats go on; its consumer of the handler queue is gone.
     worker.run(
@@ -224,14 +223,14 @@ def test_a_stuck_worker_is_evicted_through_the_eviction_api_as_its_disruption_bu
 
     reported = eventually(reported_stuck, timeout=STUCK_AFTER_SECONDS + 40)
     assert f"{stuck}: consumes from no handler queue" in reported["message"]
-    # minAvailable 2 of 2: the disruption controller allows no eviction, and the stuck pod stays.
+    # minAvailable 1 of 1: the disruption controller allows no eviction, and the stuck pod stays.
     stays(lambda: stuck in billing.running(), seconds=8, message="evicted against the PodDisruptionBudget")
     cluster.client.merge_patch(
-        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/billing-worker", {"spec": {"minAvailable": 1}}
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/billing-worker", {"spec": {"minAvailable": 0}}
     )
     eventually(lambda: stuck not in billing.running(), timeout=60, message="the stuck pod was never evicted")
     eventually(
-        lambda: len(billing.running()) == 2 and billing.condition("WorkersHealthy").get("status") == "True", timeout=90
+        lambda: len(billing.running()) == 1 and billing.condition("WorkersHealthy").get("status") == "True", timeout=90
     )
     eventually(lambda: sorted(order for order, _ in billing.phases()) == list(range(1, 11)), timeout=60)
     assert gone(cluster.client, f"/api/v1/namespaces/{namespace}/pods/{stuck}")
