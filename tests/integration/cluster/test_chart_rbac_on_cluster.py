@@ -67,6 +67,7 @@ def test_every_feature_works_under_the_charts_rbac_with_no_request_refused(
     account = chart.deployments[0]["spec"]["template"]["spec"]["serviceAccountName"]
     user = f"system:serviceaccount:{chart.namespace}:{account}"
     requests = [entry for entry in cluster.audit(user) if "objectRef" in entry]
+    assert len(requests) > 50, "the operator's requests were not audited"
     refused = {
         f"{e['verb']} {e['objectRef'].get('apiGroup', '')}/{resource(e)} in {e['objectRef'].get('namespace')!r}"
         for e in requests
