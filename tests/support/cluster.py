@@ -266,14 +266,12 @@ class ChartOperator:
 
 
 @pytest.fixture
-def chart_operator(
-    cluster: Cluster, tmp_path: pathlib.Path, request: pytest.FixtureRequest
-) -> Iterator[OperatorProcess]:
-    """The chart (values: an indirect parameter) installed, and its operator running as its ServiceAccount."""
+def chart_operator(cluster: Cluster, tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Iterator[ChartOperator]:
+    """The chart (values: an indirect parameter) installed, and its operator running as its ServiceAccount: every
+    replica of every rendered Deployment (`.process`: the first, which the webhook configuration points at)."""
     installed = ChartOperator(cluster, getattr(request, "param", {}), tmp_path).install()
     try:
-        process = installed.start()
-        yield process
+        yield installed.start_all()
     finally:
         installed.stop()
         report = getattr(request.node, "rep_call", None)
