@@ -11,10 +11,19 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, billing_sample, create_broker_secret
+from tests.integration.injection.test_webhook import admitted, worker_pod
 from tests.support.cluster import ChartOperator, Cluster
 from tests.support.kube import condition, eventually
+from tests.support.operator_process import OperatorProcess
 
 TAKEOVER_LIMIT_SECONDS = 40  # the peering lifetime (15 s) plus a resync and kopf's re-listing, with margin
+
+
+def injects(replica: OperatorProcess, namespace: str) -> bool:
+    labels = {"celeryevents.io/service": "billing"}
+    pod = worker_pod(labels) | {"metadata": {"name": "w", "namespace": namespace, "labels": labels}}
+    patched, _ = admitted(replica, pod)
+    return "celeryevents.io/config-hash" in patched["metadata"].get("annotations", {})
 
 
 def ready_service(cluster: Cluster, namespace: str, broker_url: str) -> str:
@@ -76,6 +85,8 @@ def test_two_replicas_of_the_chart_hand_over_on_the_real_api(
     service = ready_service(cluster, namespace, test_vhost_url)
     active, standby = (first, second) if "Handler 'reconcile_service" in first.log() else (second, first)
     assert "Handler 'reconcile_service" not in standby.log(), "both replicas reconciled"
+    for replica in (active, standby):  # every replica answers the webhook, the standby's kopf paused
+        eventually(lambda replica=replica: injects(replica, namespace), timeout=10, message="a replica's webhook")
     assert active.process is not None
     active.process.kill()  # SIGKILL: no goodbye in the peering
     killed_at = time.monotonic()
@@ -87,6 +98,7 @@ def test_two_replicas_of_the_chart_hand_over_on_the_real_api(
     )
     print(f"takeover after SIGKILL: {time.monotonic() - killed_at:.1f} s")
     assert "Resuming operations after the pause" in standby.log()
+    assert injects(standby, namespace), "the webhook answers throughout"
     # The settings of generation 2 reached the ConfigMap through the standby.
     configmap = cluster.client.get(f"/api/v1/namespaces/{namespace}/configmaps/billing-celery-events")
     assert '"billing:retry.2"' in configmap["data"]["settings.json"]
