@@ -4,24 +4,32 @@ from Go modules: celery_event_devcluster/controlplane.py) with a process kubelet
 Fixtures (registered for the whole suite by tests/conftest.py):
 
 - `cluster` (session): one control plane per pytest process, its admin `client`, `kubeconfig` and `kubectl`, and
-  its `kubelet`. Started in ~10-20 s; stopped, with its etcd data removed, at the end of the session.
+  its `kubelet`, its `audit(user)` (the API server's audit log: every request of a user with its answer code).
+  Started in ~8 s; stopped, with its etcd data removed, at the end of the session.
 - `namespace`: a namespace of the test's own (its `default` ServiceAccount made, so pods are admitted at once),
   deleted afterwards.
 - `chart_operator`: the chart rendered by the real Helm engine (values: an indirect parameter, default {}) applied
   to the API server; the operator runs as a local process whose kubeconfig holds a token of the chart's
   ServiceAccount, so the real RBAC authoriser decides every call; the chart's MutatingWebhookConfiguration points
   at it (URL and CA bundle), so the API server calls it for every worker pod created. CRDs installed by the chart.
+  It yields the ChartOperator: every replica of the rendered Deployments runs (`.processes`; `.process`, the first,
+  is the one the webhook points at); `@pytest.mark.parametrize("chart_operator", [{"replicaCount": 2}],
+  indirect=True)` for other values.
 
 Workers: `cluster.kubelet.run_workers(namespace, app_dir, "module")`, then create a Deployment whose pod template
 carries the label `celeryevents.io/service`: the ReplicaSet controller creates the pods, the webhook injects the
 settings, the scheduler binds them, and the kubelet runs `celery -A module worker` with the admitted pod's env and
-mounted settings (`cluster.kubelet.workers(namespace)` gives them by pod name). Deleting or evicting a pod sends
-SIGTERM and SIGKILL after its grace period, as a kubelet does.
+mounted settings, named `celery@<pod name>` (`cluster.kubelet.workers(namespace)` gives them by pod name; `env=`
+adds what the image would). Deleting or evicting a pod sends SIGTERM and SIGKILL after its grace period, as a
+kubelet does. tests/integration/cluster/test_workers_on_cluster.py's `Service` does all this for the billing
+sample (`start`, `settled(replicas)`: the running pods once the Deployment settled on the stamped settings,
+`fire`, `phases`):
 
-    def test_rollout(cluster, namespace, chart_operator, tmp_path):
-        cluster.kubelet.run_workers(namespace, APPS, "billing_app")
-        create_broker_secret(cluster, url, namespace)
-        cluster.client.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
+    def test_rollout_during_a_long_task(cluster, namespace, chart_operator, test_vhost_url, tmp_path):
+        billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
+        billing.start(test_vhost_url, replicas=2)
+        first = billing.settled(2)
+        billing.fire((1, "long:30"))
         ...
 """
 
