@@ -233,4 +233,5 @@ def test_a_stuck_worker_is_evicted_through_the_eviction_api_as_its_disruption_bu
         lambda: len(billing.running()) == 1 and billing.condition("WorkersHealthy").get("status") == "True", timeout=90
     )
     eventually(lambda: sorted(order for order, _ in billing.phases()) == list(range(1, 11)), timeout=60)
-    assert gone(cluster.client, f"/api/v1/namespaces/{namespace}/pods/{stuck}")
+    # The evicted pod ends as a kubelet ends it: SIGTERM, its grace period, then removal.
+    eventually(lambda: gone(cluster.client, f"/api/v1/namespaces/{namespace}/pods/{stuck}"), timeout=60)
