@@ -166,12 +166,41 @@ class ProcessKubelet:
             try:
                 worker.start()
             except RuntimeError:
-                if uid in self._terminating:
-                    return  # deleted while it started: stopped by _terminate, as a kubelet would
-                raise
+                if uid not in self._terminating:  # else deleted while it started: stopped by _terminate
+                    self._report_crashed(pod, started)
+                return
             if uid in self._terminating:
                 return
         self._report_running(pod, started)
+
+    def _report_crashed(self, pod: dict[str, Any], started: str) -> None:
+        """A container that exited at start, as a kubelet reports it between restarts: Running, not Ready."""
+        statuses = [
+            {
+                "name": container["name"],
+                "image": container.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 1,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "the worker exited at start"}},
+            }
+            for container in pod["spec"]["containers"]
+        ]
+        status = {
+            "phase": "Running",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
+                {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": started},
+            ],
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
+            "startTime": started,
+            "containerStatuses": statuses,
+        }
+        with contextlib.suppress(ApiError):  # deleted meanwhile
+            self.client.merge_patch(self._pod_path(pod) + "/status", {"status": status})
 
     def _report_running(self, pod: dict[str, Any], started: str) -> None:
         conditions = [

@@ -235,3 +235,27 @@ def test_a_stuck_worker_is_evicted_through_the_eviction_api_as_its_disruption_bu
     eventually(lambda: sorted(order for order, _ in billing.phases()) == list(range(1, 11)), timeout=60)
     # The evicted pod ends as a kubelet ends it: SIGTERM, its grace period, then removal.
     eventually(lambda: gone(cluster.client, f"/api/v1/namespaces/{namespace}/pods/{stuck}"), timeout=60)
+
+
+def test_a_pod_admitted_while_the_webhook_was_down_is_healed(
+    cluster: Cluster, namespace: str, chart_operator: ChartOperator, test_vhost_url: str, tmp_path: pathlib.Path
+) -> None:
+    """failurePolicy Ignore: with the operator down, the API server admits a worker pod unchanged — but the pod
+    still carries the settings hash its template was stamped with. It is judged by what it carries (no settings),
+    and healed: evicted once the operator is back, replaced by a pod the webhook configured."""
+    billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
+    billing.start(test_vhost_url, replicas=0, healAfterSeconds=5)
+    stamp = eventually(billing.template_hash, timeout=30, message="the operator never stamped the pod template")
+    chart_operator.stop()
+    cluster.client.merge_patch(billing.deployment, {"spec": {"replicas": 1}})
+    [unconfigured] = eventually(billing.pods, timeout=30)
+    assert unconfigured["metadata"]["annotations"][HASH] == stamp, "the template's stamp, not the webhook's"
+    assert not any(
+        variable["name"] == "CELERY_CONFIG_MODULE" for variable in unconfigured["spec"]["containers"][0].get("env", [])
+    ), "admitted unchanged: the webhook did not answer"
+    chart_operator.start()
+    name = unconfigured["metadata"]["name"]
+    eventually(lambda: gone(cluster.client, f"/api/v1/namespaces/{namespace}/pods/{name}"), timeout=90)
+    [healed] = billing.settled(1).values()
+    env = {variable["name"] for variable in healed["spec"]["containers"][0]["env"]}
+    assert "CELERY_CONFIG_MODULE" in env
