@@ -20,6 +20,9 @@ from tests.support.private_broker import PrivateRabbit
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
+# The real control plane's fixtures (cluster, namespace, chart_operator): see tests/support/cluster.py.
+pytest_plugins = ["tests.support.cluster"]
+
 
 @pytest.fixture(scope="session")
 def amqp_url() -> str:

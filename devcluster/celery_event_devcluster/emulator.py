@@ -55,6 +55,15 @@ class UnprocessableEntityError(kmock.KubernetesError):
     pass
 
 
+def _is_namespace_read(request: kmock.Request) -> bool:
+    """GET /api/v1/namespaces/NAME, which kmock reads as the prefix of a namespaced path with no resource."""
+    return (
+        request.method == kmock.method.GET
+        and request.namespace is not None
+        and request.url.path.rstrip("/") == f"/api/v1/namespaces/{request.namespace}"
+    )
+
+
 def _status_response(exc: kmock.KubernetesError) -> aiohttp.web.Response:
     """The error as an API server writes it. kmock's own not-found errors tell how to declare things in kmock,
     and kmock adds a traceback to every error: a user of dev mode sees what a real cluster would say."""
@@ -269,6 +278,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Objects are served here; discovery and anything else by kmock's reactions."""
+        if _is_namespace_read(request):
+            return aiohttp.web.json_response(await self._namespace(request))
         if request.resource is None or request.resource.plural is None:
             return await kmock_internals.serve_by_kmock(self, request)  # discovery: open to every identity
         self._authorize(request)
@@ -695,6 +706,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
             "kind": f"{kind}List",
             "metadata": {"resourceVersion": revision},
             "items": items,
+        }
+
+    async def _namespace(self, request: kmock.Request) -> dict[str, Any]:
+        """A namespace: every one exists here (objects are created in any without creating it first), as kubectl
+        asks after a 404 to tell a missing object from a missing namespace."""
+        self._authorize(request)
+        return {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": request.namespace},
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
         }
 
     async def _fetch(self, request: kmock.Request) -> dict[str, Any]:

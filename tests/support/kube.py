@@ -10,6 +10,7 @@ import asyncio
 import json
 import pathlib
 import secrets
+import ssl
 import subprocess
 import threading
 import urllib.error
@@ -36,8 +37,10 @@ class ApiError(Exception):
 class KubeClient:
     """Just enough of a Kubernetes client for assertions: raw paths, JSON in and out."""
 
-    def __init__(self, server_url: str) -> None:
+    def __init__(self, server_url: str, context: ssl.SSLContext | None = None, token: str | None = None) -> None:
         self.server_url = server_url
+        self.context = context  # HTTPS: the CA and the client certificate of a real API server
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def request(
         self,
@@ -49,10 +52,13 @@ class KubeClient:
     ) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
-            self.server_url + path, data=data, method=method, headers={"Content-Type": content_type, "Accept": accept}
+            self.server_url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": content_type, "Accept": accept, **self.headers},
         )
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=10, context=self.context) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             raise ApiError(exc.code, json.loads(exc.read() or b"{}")) from None
@@ -69,8 +75,8 @@ class KubeClient:
     def json_patch(self, path: str, operations: list[dict[str, Any]]) -> Any:
         return self.request("PATCH", path, operations, content_type="application/json-patch+json")
 
-    def delete(self, path: str) -> Any:
-        return self.request("DELETE", path)
+    def delete(self, path: str, body: Any = None) -> Any:
+        return self.request("DELETE", path, body)
 
 
 class EmulatedApi:

@@ -30,9 +30,10 @@ from celery_event_operator.core.errors import (
 
 # (API group, resource, verb) of every call the operator process makes (kopf's included). The chart's rules
 # grant exactly these (tests/unit/chart/test_chart.py), and every request of the running operator under the
-# chart's RBAC must be one of them (tests/integration/test_chart_rbac.py): a new call needs both an entry here
-# and a rule in charts/celery-event-operator/templates/rbac.yaml. (`create_replay` and `read_replay` serve the
-# command line, which runs with its user's credentials; `read_service` serves both.)
+# chart's RBAC on a real API server must be one of them (tests/integration/cluster/test_chart_rbac_on_cluster.py):
+# a new call needs both an entry here and a rule in charts/celery-event-operator/templates/rbac.yaml.
+# (`create_replay` and `read_replay` serve the command line, which runs with its user's credentials;
+# `read_service` serves both.)
 API_CALLS = (
     # kopf: watching and patching the resources (annotations, finalizers), their status, Events.
     ("celeryevents.io", "celeryeventservices", "list"),

@@ -466,7 +466,10 @@ class ServiceKeeper:
             owner=dict(body), service=understood.service, spec=understood.spec, pod_hashes=hashes
         )
         if outcome.unavailable is None:
-            self._workers = (generation, now, outcome) if outcome.configmap_error is None else None
+            # A failure is checked again at the next pass: a workload created after its service (kubectl apply of
+            # a folder, a Helm chart's order) is stamped then, not WORKERS_CHECK_SECONDS later.
+            failed = outcome.configmap_error is not None or outcome.target_error is not None
+            self._workers = None if failed else (generation, now, outcome)
         elif self._workers is not None and self._workers[0] != generation:
             self._workers = None  # the previous generation's hash must not judge the pods of this one
         return dataclasses.replace(outcome, heal_after_seconds=self._heal_after(understood))

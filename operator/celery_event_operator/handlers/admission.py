@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.core.api.metadata import SERVICE_LABEL, WARNING_ANNOTATION
+from celery_event_operator.core.api.metadata import HASH_ANNOTATION, SERVICE_LABEL, WARNING_ANNOTATION
 from celery_event_operator.core.injection import pod
 from celery_event_operator.flow.context import Context
 
@@ -25,7 +25,8 @@ async def inject_settings(
     namespace = body.metadata.namespace
     service = body.metadata.labels[SERVICE_LABEL]
     context: Context = memo.context
-    found = await context.injections.find(namespace or "", service)
+    stamped = body.metadata.annotations.get(HASH_ANNOTATION)  # from the pod template, when the operator stamped it
+    found = await context.injections.find(namespace or "", service, stamped)
     if not found:
         message = pod.unknown_service_warning(service, namespace or "")
         patch.metadata.annotations[WARNING_ANNOTATION] = message

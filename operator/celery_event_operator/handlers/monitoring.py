@@ -10,7 +10,8 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, HASH_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.core.injection import pod as pod_settings
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod, template_of
 
 
@@ -22,6 +23,7 @@ def pods_by_service(
     labels: kopf.Labels,
     annotations: kopf.Annotations,
     meta: kopf.Meta,
+    spec: kopf.Spec,
     status: kopf.Status,
     **_: Any,
 ) -> dict[tuple[str | None, str], WorkerPod]:
@@ -29,7 +31,7 @@ def pods_by_service(
         return {}  # terminating: no longer one of the service's workers
     pod = WorkerPod(
         name,
-        annotations.get(HASH_ANNOTATION),
+        pod_settings.carried_hash(annotations, spec.get("volumes") or []),
         ip=status.get("podIP") or None,
         running=status.get("phase") == "Running",
         deletion_cost=annotations.get(DELETION_COST_ANNOTATION),

@@ -11,6 +11,7 @@ import pytest
 
 from celery_event_operator.core.api import metadata
 from celery_event_operator.core.injection import settings as injection_settings
+from celery_event_operator.core.injection.pod import VOLUME_NAME
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
@@ -107,7 +108,11 @@ def test_workers_configured_counts_pods_with_current_settings(kube_api: Emulated
                 "labels": {metadata.SERVICE_LABEL: "billing"},
                 "annotations": {HASH: config_hash},
             },
-            "spec": {"containers": [{"name": "worker", "image": "billing-worker"}]},
+            # The settings volume the webhook adds: a pod is judged by the settings it carries.
+            "spec": {
+                "containers": [{"name": "worker", "image": "billing-worker"}],
+                "volumes": [{"name": VOLUME_NAME, "configMap": {"name": "billing-celery-events"}}],
+            },
         }
 
     kube_api.client.create("/api/v1/namespaces/default/pods", pod("old", "0000000000000000"))

@@ -199,8 +199,9 @@ def needed_calls(values: dict[str, Any]) -> set[tuple[str, str, str]]:
 @pytest.mark.parametrize("values", RBAC_VARIANTS)
 def test_rbac_grants_exactly_the_operators_api_calls(values: dict[str, Any]) -> None:
     """kubeapi.API_CALLS against the rendered rules, decided as the API server's RBAC decides them: every call is
-    allowed where the operator makes it, and nothing else is granted. (tests/integration/test_chart_rbac.py checks
-    that the running operator's calls are all in API_CALLS.)"""
+    allowed where the operator makes it, and nothing else is granted. (On a real API server,
+    tests/integration/cluster/test_chart_rbac_on_cluster.py checks that the running operator's calls are all in
+    API_CALLS.)"""
     documents = render(values)
     [deployment] = [d for d in documents if d["kind"] == "Deployment"]
     operator = Identity.service_account("operators", deployment["spec"]["template"]["spec"]["serviceAccountName"])

@@ -118,3 +118,29 @@ def test_a_resource_refused_its_service_name_injects_nothing() -> None:
     assert catalog.injection_of(refused) is None
     refused["status"]["conditions"][0] |= {"status": "True", "reason": "Reconciled"}  # took the name over
     assert catalog.injection_of(refused) is not None
+
+
+async def test_a_pod_stamped_with_settings_newer_than_known_waits_for_a_listing() -> None:
+    """A rollout's pods come from a template the operator stamped with the new settings' hash, a moment after the
+    spec changed (the real Deployment controller creates them within milliseconds): they must get those settings,
+    not the catalog's of up to REFRESH_SECONDS ago."""
+    services = _Services([resource()])
+    found = _catalog(services)
+    try:
+        old = await found.find("shop", "billing")
+        assert old is not None
+        changed = resource(retry={"maxRetries": 3})
+        changed["metadata"]["generation"] = 2
+        services.bodies = [changed]
+        assert await found.find("shop", "billing", stamped=old.config_hash) == old, "current: no listing"
+        assert services.reads == 1
+        new = await found.find("shop", "billing", stamped="the hash of the new settings")
+        assert new is not None
+        assert new.config_hash != old.config_hash
+        assert services.reads == 2
+        assert await found.find("shop", "billing", stamped="an old hash, of an old ReplicaSet") == new
+        assert services.reads == 3
+        assert await found.find("shop", "billing", stamped="an old hash, of an old ReplicaSet") == new
+        assert services.reads == 3, "a stamp not current after a listing is not listed for again"
+    finally:
+        found.close()

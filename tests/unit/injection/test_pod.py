@@ -95,3 +95,20 @@ def test_applying_twice_changes_nothing_more() -> None:
     twice = pod.changes({"metadata": {}, "spec": {"containers": once.containers, "volumes": once.volumes}}, INJECTION)
     assert twice.containers == once.containers
     assert twice.volumes == once.volumes
+
+
+@pytest.mark.parametrize(
+    ("annotations", "volumes", "expected"),
+    [
+        pytest.param(
+            {HASH_ANNOTATION: "h1"}, [{"name": pod.VOLUME_NAME, "configMap": {"name": "c"}}], "h1", id="injected"
+        ),
+        # failurePolicy Ignore: admitted unchanged while the webhook did not answer, with its template's stamp.
+        pytest.param({HASH_ANNOTATION: "h1"}, [{"name": "data", "emptyDir": {}}], None, id="stamp-only"),
+        pytest.param({}, [{"name": pod.VOLUME_NAME}], None, id="no-hash"),
+    ],
+)
+def test_a_pod_runs_the_settings_it_carries_not_its_templates_stamp(
+    annotations: dict[str, str], volumes: list[dict[str, Any]], expected: str | None
+) -> None:
+    assert pod.carried_hash(annotations, volumes) == expected

@@ -30,6 +30,9 @@ REFRESH_SECONDS = 5.0
 # webhook's own deadline is the chart's 5 s timeout).
 MISS_REFRESH_SECONDS = 1.0
 MISS_WAIT_SECONDS = 1.0
+# A pod whose template carries a settings hash the catalog does not hold (a rollout's pod, created the moment the
+# operator stamped its template) waits for one listing per such hash; the last this many hashes are remembered.
+STAMPS_REMEMBERED = 32
 # A namespace is kept current while its pods asked in this long (and the served ones from the start), at most this
 # many at once: one listing per namespace and REFRESH_SECONDS, not for namespaces whose pods do not change.
 IDLE_SECONDS = 600.0
@@ -70,6 +73,7 @@ class _Namespace:
     asked_at: float = float("-inf")  # the last admission that asked about the namespace
     injections: dict[str, pod.Injection] = dataclasses.field(default_factory=dict)  # serviceName → injection
     listing: asyncio.Task[None] | None = None  # the listing under way
+    stamps_listed: list[str] = dataclasses.field(default_factory=list)  # hashes of pods a listing was made for
 
 
 class InjectionCatalog:
@@ -96,8 +100,10 @@ class InjectionCatalog:
             if known.listing is not None:
                 known.listing.cancel()
 
-    async def find(self, namespace: str, service: str) -> pod.Injection | None:
-        """What the service's pods get: at once when known; else after a listing (waited for a short while)."""
+    async def find(self, namespace: str, service: str, stamped: str | None = None) -> pod.Injection | None:
+        """What the service's pods get: at once when known; else after a listing (waited for a short while).
+        `stamped`: the settings hash the pod's template carries; one the catalog does not hold may be newer than
+        its last listing (the operator stamps a template as soon as the settings changed): listed for once."""
         self.start()
         known = self._namespaces.get(namespace)
         if known is None:
@@ -106,8 +112,16 @@ class InjectionCatalog:
         now = time.monotonic()
         known.asked_at = now
         found = known.injections.get(service)
-        if found is not None:
+        if found is not None and (stamped in (None, found.config_hash) or stamped in known.stamps_listed):
             return found
+        if found is not None and stamped is not None:
+            known.stamps_listed = [*known.stamps_listed[-STAMPS_REMEMBERED + 1 :], stamped]
+            with contextlib.suppress(TimeoutError):
+                # A listing under way may have begun before the change: the one that counts begins after it.
+                if known.listing is not None:
+                    await asyncio.wait_for(asyncio.shield(known.listing), MISS_WAIT_SECONDS)
+                await asyncio.wait_for(asyncio.shield(self._list(namespace, known)), MISS_WAIT_SECONDS)
+            return known.injections.get(service, found)
         if known.listing is None and now - known.read_at > MISS_REFRESH_SECONDS:
             self._list(namespace, known)
         if known.listing is not None:

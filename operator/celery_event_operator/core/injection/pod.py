@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_event_operator.core.api.metadata import HASH_ANNOTATION
@@ -109,3 +109,12 @@ def changes(pod: Mapping[str, Any], injection: Injection) -> PodChanges:
 
 def unknown_service_warning(service: str, namespace: str) -> str:
     return f"no valid CeleryEventService with serviceName {service!r} in namespace {namespace!r}: nothing was injected"
+
+
+def carried_hash(annotations: Mapping[str, str], volumes: Iterable[Mapping[str, Any]]) -> str | None:
+    """The settings hash a pod runs with: its annotation, when it carries the settings volume the webhook adds. A pod
+    admitted unchanged while the webhook did not answer (failurePolicy Ignore) has its template's stamp of the same
+    annotation and none of the settings: it runs none (and is healed)."""
+    if not any(volume.get("name") == VOLUME_NAME for volume in volumes):
+        return None
+    return annotations.get(HASH_ANNOTATION)
