@@ -33,11 +33,17 @@ def on_order_created(self, order_id, behaviour="ok"):
         behaviour = "ok" if os.path.exists(marker) else "long:" + behaviour[10:]
         open(marker, "a").close()
     if behaviour.startswith("long:"):  # a task that runs for seconds: a worker stopped meanwhile
-        record(order_id=order_id, phase="started", retries=self.request.retries, exchange=None)
+        on = {"retries": self.request.retries, "exchange": None, "hostname": self.request.hostname}
+        record(order_id=order_id, phase="started", **on)
         time.sleep(float(behaviour[5:]))
-        record(order_id=order_id, phase="done", retries=self.request.retries, exchange=None)
+        record(order_id=order_id, phase="done", **on)
         return
-    record(order_id=order_id, retries=self.request.retries, exchange=self.request.delivery_info.get("exchange"))
+    record(
+        order_id=order_id,
+        retries=self.request.retries,
+        exchange=self.request.delivery_info.get("exchange"),
+        hostname=self.request.hostname,
+    )
     if behaviour == "flaky" and self.request.retries < 3:
         raise ValueError(f"flaky, attempt {self.request.retries + 1}")
     if behaviour == "always":
