@@ -77,7 +77,7 @@ def runs(billing: LongTaskService, order_id: int) -> list[dict[str, Any]]:
 def reruns(chart_operator: ChartOperator) -> list[str]:
     return [
         line
-        for line in chart_operator.process().scrape().splitlines()
+        for line in chart_operator.process.scrape().splitlines()
         if line.startswith("celery_event_operator_task_reruns_total{")
     ]
 

@@ -10,6 +10,8 @@ admitted pod's env and settings).
 from __future__ import annotations
 
 import pathlib
+import signal
+import time
 from typing import Any
 
 from celery_event_operator.core.api import metadata
@@ -259,3 +261,46 @@ def test_a_pod_admitted_while_the_webhook_was_down_is_healed(
     [healed] = billing.settled(1).values()
     env = {variable["name"] for variable in healed["spec"]["containers"][0]["env"]}
     assert "CELERY_CONFIG_MODULE" in env
+
+
+def test_a_webhook_that_hangs_holds_a_pod_only_for_the_charts_timeout(
+    cluster: Cluster, namespace: str, chart_operator: ChartOperator, test_vhost_url: str, tmp_path: pathlib.Path
+) -> None:
+    """The operator's process stopped (SIGSTOP: its port still takes connections, nothing answers): the API server
+    waits the chart's `webhook.timeoutSeconds` (5) and, `failurePolicy: Ignore`, admits the pod unchanged — a hung
+    operator never blocks a team's deployments for longer. Once it runs again, pods get their settings."""
+    billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
+    billing.start(test_vhost_url, replicas=0)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    template = worker_deployment(1)["spec"]["template"]
+
+    def create(name: str) -> tuple[dict[str, Any], float]:
+        began = time.monotonic()
+        pod: dict[str, Any] = cluster.client.create(
+            pods,
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name}}
+            | {"spec": {**template["spec"], "nodeName": "nowhere"}},
+        )
+        return pod, time.monotonic() - began
+
+    def configured(pod: dict[str, Any]) -> bool:
+        return any(
+            variable["name"] == "CELERY_CONFIG_MODULE" for variable in pod["spec"]["containers"][0].get("env", [])
+        )
+
+    process = chart_operator.process.process
+    assert process is not None
+    process.send_signal(signal.SIGSTOP)
+    try:
+        unchanged, waited = create("while-hung")
+    finally:
+        process.send_signal(signal.SIGCONT)
+    assert not configured(unchanged), "admitted unchanged"
+    assert 4.5 <= waited < 15, f"the API server waited {waited:.1f} s for the hung webhook (timeoutSeconds 5)"
+
+    def configured_again() -> float | None:
+        pod, seconds = create(f"after-{time.monotonic_ns()}")
+        return seconds if configured(pod) else None
+
+    waited = eventually(configured_again, timeout=30, message="the webhook never answered again")
+    assert waited < 4.5, "the webhook answers again at once"
