@@ -16,6 +16,7 @@ from celery_event_operator.core.api.models import PLURAL, VERSION
 from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.flow.context import Context
 from celery_event_operator.flow.services import ServiceKeeper
+from celery_event_operator.handlers.finalizers import left_to_take_off, take_off
 from celery_event_operator.handlers.monitoring import service_pods
 from celery_event_operator.handlers.posting import events_poster
 
@@ -38,6 +39,12 @@ def _owned(namespace: str | None, name: str | None, memo: kopf.Memo, **_: Any) -
     """Only the services of this operator's shard (`--shard-index/--shard-count`)."""
     options: OperatorOptions = memo.options
     return options.owns(namespace, name)
+
+
+def _others_finalizers_left(
+    type: str | None, namespace: str | None, name: str | None, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+) -> bool:
+    return _owned(namespace, name, memo) and bool(left_to_take_off(type, meta, memo.options))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, when=_owned)
@@ -82,3 +89,9 @@ async def delete_service_entities(
     retry_because = await keeper.delete_entities(body, remove=remove, last_try=retry >= DELETE_RETRIES - 1)
     if retry_because is not None:
         raise kopf.TemporaryError(retry_because, delay=DELETE_BACKOFF_SECONDS)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_others_finalizers_left)
+def release_others_finalizers(type: str | None, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    # After this shard's deletion: the finalizers of other shard counts, or of the operator before sharding.
+    take_off(patch, left_to_take_off(type, meta, memo.options))

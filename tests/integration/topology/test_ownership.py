@@ -14,6 +14,7 @@ import pytest
 from kombu.connection import Connection
 
 from celery_event_operator.adapters.topology import apply
+from celery_event_operator.core.api.metadata import FINALIZER
 from celery_event_operator.core.api.models import parse_spec
 from celery_event_operator.core.naming import owner_exchange_name
 from celery_event_operator.core.topology import plan
@@ -419,3 +420,55 @@ def test_a_resource_deleted_across_the_upgrade_removes_nothing_its_sibling_uses(
         assert told, "the deletion said why it removed nothing"
     finally:
         process.stop()
+
+
+def test_two_shards_leave_each_others_resources_alone_and_each_deletion_releases_its_claim(
+    kube_api: EmulatedApi,
+    secrets: str,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    # shop/billing hashes to shard 1, shop2/billing to shard 0: each shard keeps one of the two resources.
+    shards = [
+        OperatorProcess(
+            kube_api.kubeconfig,
+            tmp_path / f"shard-{index}.log",
+            *("--shard-count", "2", "--shard-index", str(index)),
+            resync_seconds=RESYNC,
+            webhook=False,
+        ).start()
+        for index in range(2)
+    ]
+    try:
+        create(kube_api, OWNER, owner_body())
+        eventually(lambda: ready(kube_api, OWNER).get("status") == "True", message="the owner never became Ready")
+        create(kube_api, SECOND, second_body())
+        eventually(lambda: refused_naming(kube_api, SECOND, "shop/billing"), message="the second was not refused")
+
+        def versions() -> list[str]:
+            return [kube_api.client.get(ces_path(ns))["metadata"]["resourceVersion"] for ns in (OWNER, SECOND)]
+
+        time.sleep(2 * RESYNC)  # the last handlers' own patches
+        at_rest = versions()
+        time.sleep(10)
+        assert versions() == at_rest, "a shard wrote to a resource at rest"
+
+        kube_api.client.delete(ces_path(OWNER))  # shard 1's deletion handler releases the claim
+        eventually(lambda: gone(kube_api.client, ces_path(OWNER)), message="the owner was never deleted")
+        eventually(lambda: ready(kube_api, SECOND).get("status") == "True", message="shard 1 never released")
+
+        # The owner again, refused now, carrying the one finalizer the operator used before it had one per shard.
+        create(kube_api, OWNER, owner_body() | {"metadata": {"name": "billing", "finalizers": [FINALIZER]}})
+        eventually(lambda: refused_naming(kube_api, OWNER, "shop2/billing"), message="the old owner was not refused")
+        kube_api.client.delete(ces_path(SECOND))  # shard 0's deletion handler releases the claim
+        eventually(lambda: gone(kube_api.client, ces_path(SECOND)), message="the second was never deleted")
+        eventually(lambda: ready(kube_api, OWNER).get("status") == "True", message="shard 0 never released")
+
+        kube_api.client.delete(ces_path(OWNER))
+        eventually(lambda: gone(kube_api.client, ces_path(OWNER)), message="the old finalizer held the deletion")
+        exchanges = rabbitmq.snapshot(rabbitmq_management, test_vhost)["exchanges"]
+        assert owner_exchange_name("billing") not in exchanges, "its deletion ran before the old finalizer went"
+    finally:
+        for shard in shards:
+            shard.stop()
