@@ -1,7 +1,8 @@
 """Finalizers of this operator that are not this shard's: left by the shards of another shard count, or by the
 operator before it had a finalizer per shard. No running shard owns them, so the shard that keeps the resource
-takes them off when it is done with its deletion (its own finalizer gone: its deletion handler ran, its daemon
-stopped) — else the deletion would hang on them."""
+takes them off once its own deletion is done — a service's deletion handler with kopf's own finalizer; otherwise
+(a replay, whose daemon kopf stops first; a service deleted before this shard's finalizer came) when the resource
+is being deleted without this shard's finalizer — else the deletion would hang on them."""
 
 from __future__ import annotations
 

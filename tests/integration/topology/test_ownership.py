@@ -520,3 +520,31 @@ def test_two_shards_leave_each_others_replays_alone_and_an_ended_one_with_the_ol
     finally:
         for shard in shards:
             shard.stop()
+
+
+def test_an_owner_deleted_while_sharding_was_turned_on_still_releases_its_claim(
+    kube_api: EmulatedApi,
+    secrets: str,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    unsharded = OperatorProcess(kube_api.kubeconfig, tmp_path / "unsharded.log", resync_seconds=RESYNC, webhook=False)
+    unsharded.start()
+    try:
+        create(kube_api, OWNER, owner_body())
+        eventually(lambda: ready(kube_api, OWNER).get("status") == "True", message="the owner never became Ready")
+        create(kube_api, SECOND, second_body())
+        eventually(lambda: refused_naming(kube_api, SECOND, "shop/billing"), message="the second was not refused")
+    finally:
+        unsharded.stop()
+    assert kube_api.client.get(ces_path(OWNER))["metadata"]["finalizers"] == [FINALIZER]
+    kube_api.client.delete(ces_path(OWNER))  # while no operator runs: held by the finalizer of one shard
+
+    shards = start_two_shards(kube_api, tmp_path)
+    try:
+        eventually(lambda: gone(kube_api.client, ces_path(OWNER)), message="the old finalizer held the deletion")
+        eventually(lambda: ready(kube_api, SECOND).get("status") == "True", message="the claim was never released")
+    finally:
+        for shard in shards:
+            shard.stop()
