@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from celery_event_operator.core.api.metadata import shard_finalizer
 from celery_event_operator.core.lifecycle.long_tasks import DEFAULT_BROKER_CONSUMER_TIMEOUT_SECONDS
 from celery_event_operator.core.monitoring.bounds import DEFAULT_MAX_TASK_NAMES
 from celery_event_operator.core.monitoring.state import QUEUE_WAIT_BUCKETS, RUNTIME_BUCKETS
@@ -56,6 +57,11 @@ class OperatorOptions:
     def owns(self, namespace: str | None, name: str | None) -> bool:
         """Whether this operator's shard keeps the resource (every replica's webhook still serves all of them)."""
         return shard_of(namespace or "", name or "", self.shard_count) == self.shard_index
+
+    @property
+    def finalizer(self) -> str:
+        """kopf's finalizer on this shard's resources (no other shard's)."""
+        return shard_finalizer(self.shard_index, self.shard_count)
 
 
 def shard_of(namespace: str, name: str, shard_count: int) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 import kopf
 
-from celery_event_operator.core.api.metadata import FINALIZER, KOPF_ANNOTATION_PREFIX
+from celery_event_operator.core.api.metadata import KOPF_ANNOTATION_PREFIX
 from celery_event_operator.core.options import PEERING_LIFETIME_SECONDS, OperatorOptions, WebhookOptions
 from celery_event_operator.flow.context import Context, webhook_certificate
 
@@ -43,7 +43,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
-    settings.persistence.finalizer = FINALIZER
+    options: OperatorOptions = memo.options
+    settings.persistence.finalizer = options.finalizer
     # Our own Events say what went wrong; kopf's per-handler chatter stays in the log.
     settings.posting.level = logging.WARNING
     # Namespaces are given explicitly (no globs), so kopf need not list them.
@@ -52,7 +53,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 50
     settings.watching.client_timeout = 60
     settings.watching.connect_timeout = 10
-    options: OperatorOptions = memo.options
     if options.peering is not None:
         settings.peering.mandatory = True  # never run unpeered beside a replica that is peered
         settings.peering.lifetime = PEERING_LIFETIME_SECONDS

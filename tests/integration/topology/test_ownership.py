@@ -14,6 +14,7 @@ import pytest
 from kombu.connection import Connection
 
 from celery_event_operator.adapters.topology import apply
+from celery_event_operator.core.api.metadata import FINALIZER
 from celery_event_operator.core.api.models import parse_spec
 from celery_event_operator.core.naming import owner_exchange_name
 from celery_event_operator.core.topology import plan
@@ -419,3 +420,131 @@ def test_a_resource_deleted_across_the_upgrade_removes_nothing_its_sibling_uses(
         assert told, "the deletion said why it removed nothing"
     finally:
         process.stop()
+
+
+def start_two_shards(api: EmulatedApi, logs: pathlib.Path) -> list[OperatorProcess]:
+    """shop/billing hashes to shard 1, shop2/billing to shard 0: each shard keeps one of the two resources."""
+    return [
+        OperatorProcess(
+            api.kubeconfig,
+            logs / f"shard-{index}.log",
+            *("--shard-count", "2", "--shard-index", str(index)),
+            resync_seconds=RESYNC,
+            webhook=False,
+        ).start()
+        for index in range(2)
+    ]
+
+
+@pytest.fixture
+def two_shards(kube_api: EmulatedApi, secrets: str, tmp_path: pathlib.Path) -> Iterator[list[OperatorProcess]]:
+    shards = start_two_shards(kube_api, tmp_path)
+    yield shards
+    for shard in shards:
+        shard.stop()
+
+
+def test_two_shards_leave_each_others_resources_alone_and_each_deletion_releases_its_claim(
+    kube_api: EmulatedApi,
+    two_shards: list[OperatorProcess],
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+) -> None:
+    create(kube_api, OWNER, owner_body())
+    eventually(lambda: ready(kube_api, OWNER).get("status") == "True", message="the owner never became Ready")
+    create(kube_api, SECOND, second_body())
+    eventually(lambda: refused_naming(kube_api, SECOND, "shop/billing"), message="the second was not refused")
+
+    def versions() -> list[str]:
+        return [kube_api.client.get(ces_path(ns))["metadata"]["resourceVersion"] for ns in (OWNER, SECOND)]
+
+    time.sleep(2 * RESYNC)  # the last handlers' own patches
+    at_rest = versions()
+    time.sleep(10)
+    assert versions() == at_rest, "a shard wrote to a resource at rest"
+
+    kube_api.client.delete(ces_path(OWNER))  # shard 1's deletion handler releases the claim
+    eventually(lambda: gone(kube_api.client, ces_path(OWNER)), message="the owner was never deleted")
+    eventually(lambda: ready(kube_api, SECOND).get("status") == "True", message="shard 1 never released")
+
+    # The owner again, refused now, carrying the one finalizer the operator used before it had one per shard.
+    create(kube_api, OWNER, owner_body() | {"metadata": {"name": "billing", "finalizers": [FINALIZER]}})
+    eventually(lambda: refused_naming(kube_api, OWNER, "shop2/billing"), message="the old owner was not refused")
+    kube_api.client.delete(ces_path(SECOND))  # shard 0's deletion handler releases the claim
+    eventually(lambda: gone(kube_api.client, ces_path(SECOND)), message="the second was never deleted")
+    eventually(lambda: ready(kube_api, OWNER).get("status") == "True", message="shard 0 never released")
+
+    kube_api.client.delete(ces_path(OWNER))
+    eventually(lambda: gone(kube_api.client, ces_path(OWNER)), message="the old finalizer held the deletion")
+    exchanges = rabbitmq.snapshot(rabbitmq_management, test_vhost)["exchanges"]
+    assert owner_exchange_name("billing") not in exchanges, "its deletion ran before the old finalizer went"
+
+
+def replay_path(namespace: str, name: str = "") -> str:
+    return f"/apis/celeryevents.io/v1alpha1/namespaces/{namespace}/celeryeventreplays" + (f"/{name}" if name else "")
+
+
+def test_two_shards_leave_each_others_replays_alone_and_an_ended_one_with_the_old_finalizer_goes(
+    kube_api: EmulatedApi, secrets: str, tmp_path: pathlib.Path
+) -> None:
+    replay = {"apiVersion": "celeryevents.io/v1alpha1", "kind": "CeleryEventReplay"}
+    spec = {"spec": {"serviceRef": {"name": "billing"}, "action": "replay"}}
+    # Ended before the shards start, under the finalizer of the operator before it had one per shard.
+    kube_api.client.create(
+        replay_path(OWNER), replay | spec | {"metadata": {"name": "ended", "finalizers": [FINALIZER]}}
+    )
+    ended = {"type": "Succeeded", "status": "False", "reason": "Failed", "message": "ended before the upgrade"}
+    kube_api.client.merge_patch(replay_path(OWNER, "ended") + "/status", {"status": {"conditions": [ended]}})
+    shards = start_two_shards(kube_api, tmp_path)
+    try:
+        # Waits for its service (none in shop2), its daemon running on shard 0 under shard 0's finalizer.
+        kube_api.client.create(replay_path(SECOND), replay | spec | {"metadata": {"name": "waiting"}})
+        eventually(
+            lambda: (
+                condition_of(kube_api.client.get(replay_path(SECOND, "waiting")), "Succeeded").get("reason")
+                == "ServiceNotFound"
+            ),
+            message="the replay never waited",
+        )
+        time.sleep(2 * RESYNC)
+        at_rest = kube_api.client.get(replay_path(SECOND, "waiting"))["metadata"]
+        assert at_rest["finalizers"] == ["celeryevents.io/finalizer-shard-0-of-2"]
+        time.sleep(10)
+        resource_version = kube_api.client.get(replay_path(SECOND, "waiting"))["metadata"]["resourceVersion"]
+        assert resource_version == at_rest["resourceVersion"], "a shard wrote to a waiting replay at rest"
+
+        kube_api.client.delete(replay_path(SECOND, "waiting"))
+        eventually(lambda: gone(kube_api.client, replay_path(SECOND, "waiting")), message="never deleted")
+        kube_api.client.delete(replay_path(OWNER, "ended"))
+        eventually(lambda: gone(kube_api.client, replay_path(OWNER, "ended")), message="the old finalizer held it")
+    finally:
+        for shard in shards:
+            shard.stop()
+
+
+def test_an_owner_deleted_while_sharding_was_turned_on_still_releases_its_claim(
+    kube_api: EmulatedApi,
+    secrets: str,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    unsharded = OperatorProcess(kube_api.kubeconfig, tmp_path / "unsharded.log", resync_seconds=RESYNC, webhook=False)
+    unsharded.start()
+    try:
+        create(kube_api, OWNER, owner_body())
+        eventually(lambda: ready(kube_api, OWNER).get("status") == "True", message="the owner never became Ready")
+        create(kube_api, SECOND, second_body())
+        eventually(lambda: refused_naming(kube_api, SECOND, "shop/billing"), message="the second was not refused")
+    finally:
+        unsharded.stop()
+    assert kube_api.client.get(ces_path(OWNER))["metadata"]["finalizers"] == [FINALIZER]
+    kube_api.client.delete(ces_path(OWNER))  # while no operator runs: held by the finalizer of one shard
+
+    shards = start_two_shards(kube_api, tmp_path)
+    try:
+        eventually(lambda: gone(kube_api.client, ces_path(OWNER)), message="the old finalizer held the deletion")
+        eventually(lambda: ready(kube_api, SECOND).get("status") == "True", message="the claim was never released")
+    finally:
+        for shard in shards:
+            shard.stop()
