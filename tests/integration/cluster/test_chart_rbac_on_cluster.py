@@ -72,6 +72,10 @@ def test_every_feature_works_under_the_charts_rbac_with_no_request_refused(
         f"{e['verb']} {e['objectRef'].get('apiGroup', '')}/{resource(e)} in {e['objectRef'].get('namespace')!r}"
         for e in requests
         if e.get("responseStatus", {}).get("code") == 403
+        # Not the authoriser: an Event about another test's resource, posted as its namespace goes (the
+        # NamespaceLifecycle admission refuses new content there, to anyone; those tests' operators share this
+        # ServiceAccount's name).
+        and "because it is being terminated" not in e["responseStatus"].get("message", "")
     }
     assert not refused, f"requests of the operator were refused: {refused}"
     asked = {(e["objectRef"].get("apiGroup", ""), resource(e), e["verb"]) for e in requests}

@@ -226,7 +226,13 @@ def test_real_workers_produce_exact_counters(
         ).items(),
     )
     assert {"celery_task_runtime_bucket", "celery_event_operator_reconciles_total"} <= set(used)
-    assert metric_names.missing_from(scraped, used) == [], "alerts, README, dashboard or mixin use what is not exported"
+    # Series that exist once what they count happened, which this workload never makes: scraped by their own tests.
+    elsewhere = {
+        "celery_event_operator_task_reruns_total": "tests/integration/lifecycle/test_long_tasks.py",
+    }
+    missing = metric_names.missing_from(scraped, {k: v for k, v in used.items() if k not in elsewhere})
+    assert missing == [], "alerts, README, dashboard or mixin use what is not exported"
+    assert set(elsewhere) <= set(used), "still documented"
 
 
 def task_events(worker: str, number: int) -> list[dict[str, Any]]:
