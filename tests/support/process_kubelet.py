@@ -17,11 +17,11 @@ import contextlib
 import datetime
 import pathlib
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from tests.support.kube import ApiError, KubeClient
+from tests.support.waiting import eventually
 from tests.support.workers import Worker, as_kubelet_would
 
 NODE = "process-node"
@@ -237,13 +237,14 @@ class ProcessKubelet:
         grace = pod["metadata"].get("deletionGracePeriodSeconds")
         if grace is None:
             grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+
         # A worker still starting is stopped once it runs (its process exists as soon as the start began).
-        while True:
+        def started() -> tuple[Worker | None] | None:
             with self._lock:
-                worker = self._workers.get(uid)
-            if worker is None or worker.process is not None:
-                break
-            time.sleep(0.05)
+                found = self._workers.get(uid)
+            return (found,) if found is None or found.process is not None else None
+
+        [worker] = eventually(started, timeout=60, interval=0.05, message=f"the worker of pod {uid} never started")
         if worker is not None:
             worker.stop_as_kubelet(float(grace))
             with self._lock:

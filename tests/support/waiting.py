@@ -40,3 +40,18 @@ def stays(probe: Callable[[], object], seconds: float, interval: float = 0.1, me
         if time.monotonic() >= deadline:
             return
         time.sleep(interval)
+
+
+def once_quiet(probe: Callable[[], T], quiet_seconds: float, timeout: float = 60, interval: float = 0.5) -> T:
+    """`probe`'s value once it stayed the same for `quiet_seconds` (what is still settling has settled)."""
+    deadline = time.monotonic() + timeout
+    value, since = probe(), time.monotonic()
+    while True:
+        time.sleep(interval)
+        now, current = time.monotonic(), probe()
+        if current != value:
+            value, since = current, now
+        elif now - since >= quiet_seconds:
+            return value
+        if now >= deadline:
+            raise AssertionError(f"still changing after {timeout}s: {value!r}")

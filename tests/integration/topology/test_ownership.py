@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import pathlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.support.kube import EmulatedApi, condition, gone
 from tests.support.kube import events as events_of
 from tests.support.kube import eventually as eventually_within
 from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import once_quiet, stays
 
 RESYNC = 1.0
 OWNER, SECOND = "shop", "shop2"
@@ -156,8 +156,9 @@ def test_a_second_resource_is_refused_and_its_deletion_touches_nothing_of_the_ow
 
     create(kube_api, SECOND, second_body())
     eventually(lambda: refused_naming(kube_api, SECOND, "shop/billing"), message="the second was not refused")
-    time.sleep(4 * RESYNC)  # resyncs of both
-    assert settled(rabbitmq_management, test_vhost) == before, "the second declared nothing"
+    stays(  # resyncs of both
+        lambda: settled(rabbitmq_management, test_vhost) == before, 4 * RESYNC, 0.5, "the second declared something"
+    )
     status = kube_api.client.get(ces_path(SECOND))["status"]
     assert {c["type"] for c in status["conditions"]} == {"Ready", "BrokerReachable"}
     assert "queueLength" not in status, "no queue lengths of a service it does not keep"
@@ -182,8 +183,12 @@ def test_a_second_resource_is_refused_and_its_deletion_touches_nothing_of_the_ow
 
     kube_api.client.delete(ces_path(SECOND))
     eventually(lambda: gone(kube_api.client, ces_path(SECOND)), timeout=20, message="the second was never deleted")
-    time.sleep(2 * RESYNC)
-    assert settled(rabbitmq_management, test_vhost) == before, "deleting the second removed nothing of the owner's"
+    stays(
+        lambda: settled(rabbitmq_management, test_vhost) == before,
+        2 * RESYNC,
+        0.5,
+        "deleting the second removed something of the owner's",
+    )
     told = eventually(
         lambda: [e for e in events_of(kube_api, "ServiceNameConflict", SECOND) if e["message"].startswith("nothing")]
     )
@@ -243,10 +248,16 @@ def test_two_installations_on_one_broker_settle_on_one_owner_and_a_restart_chang
         first.stop()
         second.stop()
         first, second = installation("team-a", OWNER), installation("team-b", SECOND)
-        time.sleep(4 * RESYNC)
-        assert ready(kube_api, OWNER)["status"] == "True"
-        assert refused_naming(kube_api, SECOND, owner)
-        assert settled(rabbitmq_management, test_vhost) == before
+        stays(
+            lambda: (
+                ready(kube_api, OWNER)["status"] == "True"
+                and refused_naming(kube_api, SECOND, owner)
+                and settled(rabbitmq_management, test_vhost) == before
+            ),
+            4 * RESYNC,
+            0.5,
+            "a restart changed the owner or the topology",
+        )
         assert len(events_of(kube_api, "ServiceNameConflict", SECOND)) == 1, "a restart announced nothing again"
     finally:
         first.stop()
@@ -287,10 +298,13 @@ def test_an_upgrade_with_two_resources_on_one_topology_settles_on_one_owner_and_
         owner, refused = eventually(one_owner, timeout=20, message="no single owner")
         assert refused_naming(kube_api, refused, f"{owner}/billing")
         assert "queueLength" not in kube_api.client.get(ces_path(refused))["status"]
-        time.sleep(3 * RESYNC)
-        after = settled(rabbitmq_management, test_vhost)
-        assert {name: after["messages"][name] for name in before["messages"]} == before["messages"], "nothing lost"
-        assert set(after["queues"]) == set(before["queues"]), "nothing deleted"
+
+        def kept() -> bool:
+            after = settled(rabbitmq_management, test_vhost)
+            lost = {name: after["messages"][name] for name in before["messages"]} != before["messages"]
+            return not lost and set(after["queues"]) == set(before["queues"])
+
+        stays(kept, 3 * RESYNC, 0.5, "a message was lost or a queue deleted")
 
         kube_api.client.delete(ces_path(refused))  # deletionPolicy delete, but not its own: nothing goes
         eventually(lambda: gone(kube_api.client, ces_path(refused)), timeout=20)
@@ -382,10 +396,16 @@ def test_a_changed_installation_id_keeps_each_resource_its_own_name(
 
         arguments = eventually(renamed, timeout=15, message="the claim was never taken over under the new id")
         assert arguments["x-owner-namespace"] == OWNER
-        time.sleep(2 * RESYNC)
-        assert ready(kube_api, OWNER)["status"] == "True"
-        assert refused_naming(kube_api, SECOND, "shop/billing")
-        assert rabbitmq_management.request("GET", claim)["arguments"]["x-owner-namespace"] == OWNER
+        stays(
+            lambda: (
+                ready(kube_api, OWNER)["status"] == "True"
+                and refused_naming(kube_api, SECOND, "shop/billing")
+                and rabbitmq_management.request("GET", claim)["arguments"]["x-owner-namespace"] == OWNER
+            ),
+            2 * RESYNC,
+            0.5,
+            "the owner changed",
+        )
         assert events_of(kube_api, "ServiceNameConflict", OWNER) == []
     finally:
         process.stop()
@@ -413,8 +433,12 @@ def test_a_resource_deleted_across_the_upgrade_removes_nothing_its_sibling_uses(
     try:
         eventually(lambda: gone(kube_api.client, ces_path(SECOND)), message="the deleted one was never let go")
         eventually(lambda: ready(kube_api, OWNER).get("status") == "True")
-        time.sleep(2 * RESYNC)
-        assert set(rabbitmq.snapshot(rabbitmq_management, test_vhost)["queues"]) == before, "nothing removed"
+        stays(
+            lambda: set(rabbitmq.snapshot(rabbitmq_management, test_vhost)["queues"]) == before,
+            2 * RESYNC,
+            0.5,
+            "something was removed",
+        )
         told = {event["reason"] for event in events_of(kube_api, "ServiceNameUnclaimed", SECOND)}
         told |= {event["reason"] for event in events_of(kube_api, "ServiceNameConflict", SECOND)}
         assert told, "the deletion said why it removed nothing"
@@ -458,10 +482,8 @@ def test_two_shards_leave_each_others_resources_alone_and_each_deletion_releases
     def versions() -> list[str]:
         return [kube_api.client.get(ces_path(ns))["metadata"]["resourceVersion"] for ns in (OWNER, SECOND)]
 
-    time.sleep(2 * RESYNC)  # the last handlers' own patches
-    at_rest = versions()
-    time.sleep(10)
-    assert versions() == at_rest, "a shard wrote to a resource at rest"
+    at_rest = once_quiet(versions, 2 * RESYNC)  # the last handlers' own patches
+    stays(lambda: versions() == at_rest, 10, 0.5, "a shard wrote to a resource at rest")
 
     kube_api.client.delete(ces_path(OWNER))  # shard 1's deletion handler releases the claim
     eventually(lambda: gone(kube_api.client, ces_path(OWNER)), message="the owner was never deleted")
@@ -506,12 +528,19 @@ def test_two_shards_leave_each_others_replays_alone_and_an_ended_one_with_the_ol
             ),
             message="the replay never waited",
         )
-        time.sleep(2 * RESYNC)
-        at_rest = kube_api.client.get(replay_path(SECOND, "waiting"))["metadata"]
+
+        def replay_metadata() -> dict[str, Any]:
+            found: dict[str, Any] = kube_api.client.get(replay_path(SECOND, "waiting"))["metadata"]
+            return found
+
+        at_rest = once_quiet(replay_metadata, 2 * RESYNC)
         assert at_rest["finalizers"] == ["celeryevents.io/finalizer-shard-0-of-2"]
-        time.sleep(10)
-        resource_version = kube_api.client.get(replay_path(SECOND, "waiting"))["metadata"]["resourceVersion"]
-        assert resource_version == at_rest["resourceVersion"], "a shard wrote to a waiting replay at rest"
+        stays(
+            lambda: replay_metadata()["resourceVersion"] == at_rest["resourceVersion"],
+            10,
+            0.5,
+            "a shard wrote to a waiting replay at rest",
+        )
 
         kube_api.client.delete(replay_path(SECOND, "waiting"))
         eventually(lambda: gone(kube_api.client, replay_path(SECOND, "waiting")), message="never deleted")
