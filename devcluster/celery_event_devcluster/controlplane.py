@@ -70,7 +70,7 @@ AUDIT_POLICY = {
 STATE_FILE = "state.json"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     # Below the kernel's ephemeral range: a port it hands out may be taken by an outgoing connection meanwhile.
     for port in random.sample(range(20000, 32000), 200):
         with socket.socket() as sock:
@@ -221,7 +221,7 @@ class ControlPlane:
         binaries = self.binaries or build()
         self.directory.mkdir(parents=True, exist_ok=True)
         pki = _Pki(self.directory / "pki")
-        api_port, etcd_port, peer_port = _free_port(), _free_port(), _free_port()
+        api_port, etcd_port, peer_port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{api_port}"
         shm = pathlib.Path("/dev/shm")
         self.etcd_data = tempfile.mkdtemp(prefix="ceo-etcd-", dir=shm if shm.is_dir() else None)

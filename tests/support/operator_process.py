@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import random
 import signal
 import socket
 import ssl
@@ -15,23 +14,9 @@ import urllib.request
 import uuid
 from typing import Any
 
+from celery_event_devcluster.controlplane import free_port
 from celery_event_operator.adapters import certs
 from tests.support import waiting
-
-# Listening ports come from below the kernel's ephemeral range: a port the kernel hands out (bind to 0) is
-# free now but may be taken as the local end of an outgoing connection before the child process binds it.
-_LISTEN_PORTS = range(20000, 32000)
-
-
-def free_port() -> int:
-    for port in random.sample(_LISTEN_PORTS, 200):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {_LISTEN_PORTS}")
 
 
 def accepts(port: int) -> bool:
