@@ -327,15 +327,16 @@ def test_a_rollout_lets_a_running_task_finish_within_the_grace_period(
     worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
 ) -> None:
     """Issue #13: SIGTERM (a rollout) while a 4 s task runs: Celery's warm shutdown (SIGTERM is not remapped) takes
-    no new task, lets it finish and exits at once, within a 10 s grace period."""
+    no new task, lets it finish and exits at once, long before its 30 s grace period ends."""
     assert "REMAP_SIGTERM" not in injected_env, "SIGTERM stays Celery's warm shutdown"
     worker = worker_factory("--pool=prefork", "--concurrency=1")
     fire(worker, (21, "long:4"))
     eventually(lambda: phases(injected_env, 21)[:1] == ["started"], timeout=20)
     started = time.monotonic()
     assert phases(injected_env, 21) == ["started"], "the task ended before the SIGTERM: nothing was tested"
-    assert worker.stop_as_kubelet(grace_seconds=10) == 0, "gone within the grace period, before a SIGKILL"
-    assert time.monotonic() - started < 6, "gone once the task ended, not at the end of the grace period"
+    assert worker.stop_as_kubelet(grace_seconds=30) == 0, "gone within the grace period, before a SIGKILL"
+    # A margin for a loaded machine: a worker waiting out its grace would take 30 s.
+    assert time.monotonic() - started < 15, "gone once the task ended, not at the end of the grace period"
     assert phases(injected_env, 21) == ["started", "done"], "the task finished before the worker went"
     worker_factory("--pool=prefork", "--concurrency=1")
     stays(lambda: phases(injected_env, 21) == ["started", "done"], seconds=3, message="a completed task ran again")

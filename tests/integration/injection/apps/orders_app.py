@@ -32,10 +32,16 @@ def on_order_created(self, order_id, behaviour="ok"):
         marker = f"{os.environ['HANDLER_LOG']}.hung-{order_id}"
         behaviour = "ok" if os.path.exists(marker) else "long:" + behaviour[10:]
         open(marker, "a").close()
-    if behaviour.startswith("long:"):  # a task that runs for seconds: a worker stopped meanwhile
+    if behaviour.startswith(("long:", "hold:")):  # a task that runs for seconds: a worker stopped meanwhile
         on = {"retries": self.request.retries, "exchange": None, "hostname": self.request.hostname}
         record(order_id=order_id, phase="started", **on)
-        time.sleep(float(behaviour[5:]))
+        if behaviour.startswith("long:"):
+            time.sleep(float(behaviour[5:]))
+        else:  # runs until the test releases it (release(order_id)), at most the seconds given
+            released_by = f"{os.environ['HANDLER_LOG']}.release-{order_id}"
+            deadline = time.monotonic() + float(behaviour[5:])
+            while not os.path.exists(released_by) and time.monotonic() < deadline:
+                time.sleep(0.1)
         record(order_id=order_id, phase="done", **on)
         return
     record(
