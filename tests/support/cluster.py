@@ -55,6 +55,7 @@ from celery_event_operator.core.api import crd
 from tests.support.kube import ApiError, KubeClient, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.process_kubelet import ProcessKubelet
+from tests.support.waiting import once_quiet
 
 CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "celery-event-operator"
 # Kinds of other projects' operators (cert-manager, Prometheus Operator): not served by a bare control plane.
@@ -183,6 +184,14 @@ def operator_options(deployment: dict[str, Any]) -> list[str]:
     return [arg for arg in container["args"][1:] if not arg.startswith(LOCAL_OPTIONS)]
 
 
+def peering_state(replica: OperatorProcess) -> str:
+    """Whether kopf's watch of the services last paused or resumed in this replica (a replica starts paused)."""
+    log = replica.log()
+    resumed = log.rfind("Resuming the watch-stream for celeryeventservices")
+    paused = log.rfind("Pausing the watch-stream for celeryeventservices")
+    return "starting" if paused < 0 else "active" if resumed > paused else "standby"
+
+
 class ChartOperator:
     """The chart installed on the cluster, and its operator running locally as the chart's ServiceAccount."""
 
@@ -225,6 +234,13 @@ class ChartOperator:
             self.namespace, service_account, self.directory / "operator.kubeconfig"
         )
         return self
+
+    def peered(self) -> tuple[OperatorProcess, ...]:
+        """The replicas once their kopf peering settled: the active one first, then the paused ones. A replica that
+        starts alone works until a peer of higher priority appears (kopf's rule, as in any rollout)."""
+        states = once_quiet(lambda: tuple(peering_state(p) for p in self.processes), quiet_seconds=3, timeout=40)
+        assert sorted(states) == ["active"] + ["standby"] * (len(states) - 1), states
+        return tuple(sorted(self.processes, key=lambda p: peering_state(p) != "active"))
 
     def start_all(self) -> ChartOperator:
         """Every replica of every rendered Deployment (shards), as local processes."""

@@ -57,6 +57,8 @@ def test_every_feature_works_under_the_charts_rbac_with_no_request_refused(
     chart = ChartOperator(cluster, values, tmp_path).install()
     try:
         chart.start_all()
+        if values.get("replicaCount", 1) > 1:
+            chart.peered()  # replicas starting meanwhile hand over: the users' changes come once they have met
         exercise(cluster, namespace, test_vhost_url, test_vhost, rabbitmq_management)
     except BaseException:
         for log in sorted(tmp_path.glob("operator-*.log")):

@@ -12,10 +12,9 @@ import pytest
 
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.integration.injection.test_webhook import admitted, worker_pod
-from tests.support.cluster import ChartOperator, Cluster
+from tests.support.cluster import ChartOperator, Cluster, peering_state
 from tests.support.kube import condition, eventually
 from tests.support.operator_process import OperatorProcess
-from tests.support.waiting import once_quiet
 
 TAKEOVER_LIMIT_SECONDS = 40  # the peering lifetime (15 s) plus a resync and kopf's re-listing, with margin
 
@@ -25,14 +24,6 @@ def injects(replica: OperatorProcess, namespace: str) -> bool:
     pod = worker_pod(labels) | {"metadata": {"name": "w", "namespace": namespace, "labels": labels}}
     patched, _ = admitted(replica, pod)
     return "celeryevents.io/config-hash" in patched["metadata"].get("annotations", {})
-
-
-def peering_state(replica: OperatorProcess) -> str:
-    """Whether kopf's watch of the services last paused or resumed in this replica (a replica starts paused)."""
-    log = replica.log()
-    resumed = log.rfind("Resuming the watch-stream for celeryeventservices")
-    paused = log.rfind("Pausing the watch-stream for celeryeventservices")
-    return "starting" if paused < 0 else "active" if resumed > paused else "standby"
 
 
 def ready_service(cluster: Cluster, namespace: str, broker_url: str) -> str:
@@ -90,12 +81,8 @@ def test_a_namespace_editor_creates_and_reads_replays(
 def test_two_replicas_of_the_chart_hand_over_on_the_real_api(
     cluster: Cluster, namespace: str, chart_operator: ChartOperator, test_vhost_url: str
 ) -> None:
-    first, second = chart_operator.processes
-    # A replica that starts alone works until a peer of higher priority appears (kopf's rule), as in any rollout:
-    # the service comes once the replicas have met, and the paused standby does nothing from then on.
-    states = once_quiet(lambda: (peering_state(first), peering_state(second)), quiet_seconds=3, timeout=40)
-    assert sorted(states) == ["active", "standby"], states
-    active, standby = (first, second) if states[0] == "active" else (second, first)
+    # The service comes once the replicas have met; the paused standby does nothing from then on.
+    active, standby = chart_operator.peered()
     standby_before = len(standby.log())
     service = ready_service(cluster, namespace, test_vhost_url)
     assert peering_state(standby) == "standby"
