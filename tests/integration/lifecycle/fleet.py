@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import signal
-import subprocess
 from typing import Any
 
 from celery_event_operator.core import naming
@@ -111,14 +109,10 @@ class Fleet:
         )
 
     def stop_all(self) -> None:
+        """The end of a test: nothing is waited for (a warm or cold shutdown waits for, or on, running tasks)."""
         for worker in self.workers.values():
             if worker.process is not None and worker.process.poll() is None:
-                worker.process.send_signal(signal.SIGCONT)
-                worker.process.send_signal(signal.SIGQUIT)  # Celery's cold shutdown: a hung task is not waited for
-                try:
-                    worker.process.wait(15)
-                except subprocess.TimeoutExpired:
-                    worker.kill()
+                worker.kill()
 
 
 def events_of(api: EmulatedApi, reason: str) -> list[str]:
