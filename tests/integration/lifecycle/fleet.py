@@ -92,6 +92,11 @@ class Fleet:
         text = self.handled_log.read_text() if self.handled_log.exists() else ""
         return [json.loads(line) for line in text.splitlines()]
 
+    def release(self, *order_ids: int) -> None:
+        """Lets the held tasks of these orders end (orders_app's `hold:` behaviour)."""
+        for order_id in order_ids:
+            pathlib.Path(f"{self.handled_log}.release-{order_id}").touch()
+
     def phases(self, order_id: int) -> list[str]:
         """What the handler recorded of one order's runs, in order ("started", "done"; "handled" for a quick run)."""
         return [h.get("phase", "handled") for h in self.handled() if h["order_id"] == order_id]

@@ -26,6 +26,8 @@ from tests.support.waiting import stays
 
 # Long enough that silence is judged for a while after the workers had the time to reconnect (RECONNECT_SECONDS).
 LONG_TASK_SECONDS = RECONNECT_SECONDS + 4 * STUCK_AFTER_SECONDS
+# A task that runs until the test has seen what it waits for and releases it (at most LONG_TASK_SECONDS).
+HELD = f"hold:{LONG_TASK_SECONDS}"
 MAX_TASK_RUNTIME_SECONDS = 8
 POOLS = ("solo", "threads", "prefork", "gevent")
 
@@ -62,7 +64,7 @@ def test_workers_running_tasks_longer_than_the_threshold_are_busy_never_stuck_in
         fleet.start(pod, pool=pool, concurrency=1)
     eventually(lambda: healthy(fleet), timeout=30, message="the workers were not judged healthy")
     # One long task each (every pod reserves one message at a time), and three more that wait for a free worker.
-    fleet.fire(*[(order_id, f"long:{LONG_TASK_SECONDS}") for order_id in range(1, 5)], (5, "ok"), (6, "ok"), (7, "ok"))
+    fleet.fire(*[(order_id, HELD) for order_id in range(1, 5)], (5, "ok"), (6, "ok"), (7, "ok"))
     eventually(lambda: all(fleet.phases(order_id) == ["started"] for order_id in range(1, 5)), timeout=30)
     stays(
         lambda: nothing_evicted_or_stuck(fleet, pods),
@@ -70,6 +72,7 @@ def test_workers_running_tasks_longer_than_the_threshold_are_busy_never_stuck_in
         interval=0.5,
         message="a worker running a task was judged stuck or evicted",
     )
+    fleet.release(1, 2, 3, 4)
     eventually(
         lambda: (
             all(fleet.phases(order_id) == ["started", "done"] for order_id in range(1, 5))
@@ -181,7 +184,7 @@ def test_workers_without_heartbeats_on_split_queues_are_never_judged_on_silence_
     fleet.start("billing-worker-a", *WITHOUT_HEARTBEAT, "-Q", created, concurrency=1, env=both)
     b = fleet.start("billing-worker-b", *WITHOUT_HEARTBEAT, "-Q", paid, concurrency=1, env=both)
     b.run("from orders_app import order_paid\norder_paid(100)")
-    fleet.fire((1, f"long:{LONG_TASK_SECONDS}"), (2, "ok"), (3, "ok"), (4, "ok"))
+    fleet.fire((1, HELD), (2, "ok"), (3, "ok"), (4, "ok"))
     eventually(lambda: fleet.phases(1) == ["started"] and len(fleet.handled()) == 2, timeout=20)
     found = eventually(
         lambda: "silence is not judged for billing-worker-b:" in healthy(fleet).get("message", "") and healthy(fleet),
@@ -198,6 +201,7 @@ def test_workers_without_heartbeats_on_split_queues_are_never_judged_on_silence_
         interval=0.5,
         message="a worker without heartbeats was judged on silence, or its silence blamed on the broker",
     )
+    fleet.release(1)
     eventually(lambda: all(fleet.phases(order_id) == ["handled"] for order_id in (2, 3, 4)), timeout=30)
     message = eventually(
         lambda: "billing-worker-a, billing-worker-b" in healthy(fleet).get("message", "") and healthy(fleet)["message"],
