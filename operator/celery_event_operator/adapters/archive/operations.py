@@ -125,8 +125,10 @@ class Walk:
         self._consumer: tuple[Any, str] | None = None
         self._taken_by_consumer = self._acked_of_consumer = 0
         self._held: dict[Any, set[int]] = {}  # each channel's delivery tags not acknowledged
-        # A connection has at most channel_max channels (2,047 by default on RabbitMQ): leave some to its other uses.
-        self._most_channels = max(1, min(WALK_CHANNELS, int(connection.connection.channel_max or 0) - 16))
+        # A connection has at most channel_max channels (2,047 by default on RabbitMQ; 0: no limit but the 16-bit
+        # channel number): leave some to its other uses.
+        channel_max = int(connection.connection.channel_max or 65_535)
+        self._most_channels = max(1, min(WALK_CHANNELS, channel_max - 16))
         self._consume(first)
 
     def _consume(self, channel: Any) -> None:
