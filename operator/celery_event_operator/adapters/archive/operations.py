@@ -106,8 +106,10 @@ class Walk:
     channel's unacknowledged deliveries from the oldest (rabbit_channel:collect_acks, rabbitmq-server#1511): with
     one channel holding every passed-over message, each acknowledgement cost O(passed over) and a selective replay
     O(selected x passed over) — 2.7 ms an acknowledgement with 10,000 held. Each one now scans at most a share.
-    Each message is acknowledged on the channel it came on. The channels are closed oldest first, so what was not
-    acknowledged goes back in its original order (classic: to its place; quorum: returned in return order).
+    Each message is acknowledged on the channel it came on. What was not acknowledged is put back channel by
+    channel, oldest first (close), so it keeps its original order (classic: to its place; quorum: returned in
+    return order) — measured for a walk that ends; after a SIGKILL the broker returns it itself, in an order not
+    measured on quorum queues.
     A walk opens at most WALK_CHANNELS channels; one that would need more ends short (`window_full`): the move
     walks again. Copies are published on another connection (Confirmed), so the deliveries the broker sends ahead
     never hold up the publishing.
