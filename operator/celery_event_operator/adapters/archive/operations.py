@@ -69,6 +69,9 @@ class Tally:
     whole: bool = False
     archived: int = 0  # messages that walk saw
     selected: int = 0  # of which the selection took (moved, or left: unroutable, beyond the limit)
+    # Of which were archived before the selection's start (known archive time): a replay that sees every one of
+    # those it began with still archived knows that no other client holds any (replay/runner.py).
+    earlier: int = 0
 
 
 @dataclasses.dataclass
@@ -445,7 +448,7 @@ def move(
         one = _Pass(connection, queue, route, tally, progress)
         passes += 1
         segment_ends = time.monotonic() + SEGMENT_SECONDS
-        selected = 0
+        selected = earlier = 0
         try:
             walked_to_the_end, cut = True, False
             for item, message in one.walk:
@@ -457,6 +460,7 @@ def move(
                 if time.monotonic() > segment_ends:
                     walked_to_the_end = False
                     break
+                earlier += selection.archived_before_start(item)
                 if not selection.matches(item):
                     continue
                 selected += 1
@@ -468,6 +472,7 @@ def move(
             walked_to_the_end = walked_to_the_end and not one.walk.window_full
             seen_all = walked_to_the_end and not cut and one.walk.received == one.walk.ready
             tally.whole, tally.archived, tally.selected = passes == 1 and seen_all, one.walk.ready, selected
+            tally.earlier = earlier
         finally:
             one.close()
     return tally
