@@ -431,11 +431,14 @@ def move(
     tally: Tally | None = None,
     stop: threading.Event | None = None,
     progress: Callable[[Tally], None] | None = None,
+    walk_on: bool = False,
 ) -> Tally:
     """Replay (or purge) the selected archived messages, oldest first, at most `limit` of them, until `stop`.
 
     A replayed message is acknowledged only once the broker confirmed its copy; one that no queue takes
-    (mandatory publish returned) stays archived and is counted as unroutable.
+    (mandatory publish returned) stays archived and is counted as unroutable. With `walk_on`, a move that reached
+    its limit walks on to the end of the archive, taking nothing more, so that it saw the archive whole (the
+    operator's replay counts what is left from it instead of walking the archive again).
     """
     tally = tally if tally is not None else Tally()
     stop = stop or threading.Event()
@@ -454,7 +457,8 @@ def move(
             for item, message in one.walk:
                 if one.due():
                     one.settle()
-                if stop.is_set() or (limit is not None and tally.done + one.pending >= limit):
+                beyond = limit is not None and tally.done + one.pending >= limit
+                if stop.is_set() or (beyond and not walk_on):
                     cut = True
                     break
                 if time.monotonic() > segment_ends:
@@ -464,6 +468,8 @@ def move(
                 if not selection.matches(item):
                     continue
                 selected += 1
+                if beyond:
+                    continue
                 if pace.wait():
                     cut = True
                     break

@@ -114,7 +114,15 @@ class ReplayRunner:
                 # whether the last acknowledgement arrived is unknown, so the replay resumes through a recount.
                 raise BrokerUnavailableError(f"the connection to the broker at {self.display} was lost mid-way")
             return operations.move(
-                connection, service, selection, purge=purge, limit=limit, rate=rate, tally=self.tally, stop=self.stop
+                connection,
+                service,
+                selection,
+                purge=purge,
+                limit=limit,
+                rate=rate,
+                tally=self.tally,
+                stop=self.stop,
+                walk_on=True,  # seen whole, the archive needs no other walk (nor statistics) before the end
             )
 
         try:
