@@ -28,9 +28,8 @@ class ReplayBroker(Protocol):
         """The archive counted whole, and what other clients hold of it."""
         ...
 
-    async def seen_after_move(self, service: str, earlier: int) -> ArchiveSeen | None:
-        """The archive as the last move left it when that move walked all of it (and what others hold of it now:
-        none when the move saw all `earlier` messages archived before the start that should still be there);
+    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
+        """The archive as the last move left it when that move walked all of it (and what others hold of it now);
         None when it must be observed again."""
         ...
 

@@ -253,8 +253,7 @@ class ReplayKeeper:
                 return ended
             tally = runner.tally
             last_pass = conclusion.PassDone(tally.done, tally.unroutable)
-            # What it began with stays archived until moved (the move counts those it moved among what it saw).
-            seen = await runner.seen_after_move(began.service_name, began.archived - step.done)
+            seen = await runner.seen_after_move(began.service_name)
 
     async def _move(self, replay: plan.Replay, began: plan.Started, before: int, runner: ReplayBroker) -> bool | None:
         """One walk of the archive; True when the replay ended or was stopped meanwhile, None when it is to be

@@ -134,28 +134,6 @@ def test_selection_of_a_replay(selection: messages.Selection, item: messages.Arc
     assert selection.matches(item) is expected
 
 
-@pytest.mark.parametrize(
-    ("selection", "item", "expected"),
-    [
-        pytest.param(messages.Selection(started_at=NOW - 119), _archived(), True, id="before-the-start"),
-        pytest.param(messages.Selection(started_at=NOW - 120), _archived(), False, id="as-it-started"),
-        pytest.param(messages.Selection(started_at=NOW), _archived(at=None), False, id="unknown-time-is-not-known"),
-        pytest.param(messages.Selection(), _archived(), False, id="no-start"),
-        pytest.param(
-            messages.Selection(exception_types=frozenset({"KeyError"}), started_at=NOW),
-            _archived(),
-            True,
-            id="whether-selected-or-not",
-        ),
-    ],
-)
-def test_archived_before_the_start_is_known_only_from_a_known_time(
-    selection: messages.Selection, item: messages.Archived, expected: bool
-) -> None:
-    """What a replay counts to know it saw all it began with: a message of unknown time could have come later."""
-    assert selection.archived_before_start(item) is expected
-
-
 def test_the_exception_class_is_read() -> None:
     assert _archived().exception_type == "TypeError"
     assert _archived(exception_type=None).exception_type is None

@@ -1,19 +1,19 @@
 """List, replay and purge a service's archive (I/O with py-amqp through kombu).
 
 Reading never changes the archive. AMQP cannot browse a queue, so the tools consume messages without
-acknowledging them, on channels of their own, and close them: the broker then returns every
+acknowledging them, on a channel of their own, and close it: the broker then returns every
 unacknowledged message to its original position (measured on classic and quorum queues: order kept,
-bench/replay_speed.py). They consume (basic.consume, one consumer at a time on a chain of channels: see Walk),
+bench/replay_speed.py). They consume (basic.consume, one consumer whose window covers the archive: see Walk),
 not one basic.get per message: a round trip per message made a replay of 20,000 archived events with 60 %
 passed over run at ~130/s. Nothing is acknowledged but what was replayed — after the broker confirmed the
 copies, confirmed in small batches — or purged, so a replay killed half-way leaves each message either still
 archived or replayed, with at most the batch in flight both (CONFIRM_BATCH, CONFIRM_SECONDS).
 
 A move holds the messages it passes over unacknowledged; RabbitMQ closes a channel whose deliveries
-stay unacknowledged longer than its `consumer_timeout` (30 min by default), and a connection has a bounded number
-of channels, so a long, rate-limited move (or one passing over more than a walk's channels hold) closes its
-channels every SEGMENT_SECONDS (or when a walk may open no more) and walks the archive again from its head: what
-it moved is gone from there, what it passed over is passed over again.
+stay unacknowledged longer than its `consumer_timeout` (30 min by default), and a prefetch count has 16 bits,
+so a long, rate-limited move (or one passing over more than PREFETCH_LIMIT messages) closes its channel every
+SEGMENT_SECONDS (or when its window is full) and walks the archive again from its head: what it moved is gone
+from there, what it passed over is passed over again.
 """
 
 from __future__ import annotations
@@ -34,18 +34,13 @@ from celery_event_operator.core.errors import ArchiveNotFoundError, BrokerUnavai
 
 Progress = Callable[[int, int | None], None]  # done, of how many (None: not counted yet)
 SEGMENT_SECONDS = 600.0
-# A walk takes this many messages on one channel, then goes on on another (see Walk), and opens at most WALK_CHANNELS
-# channels: 102,400 messages a walk (a consumer's window, in one channel, had AMQP's 16-bit limit: 65,535).
-CHANNEL_SHARE = 512
-WALK_CHANNELS = 200
+PREFETCH_LIMIT = 65_535  # AMQP's prefetch count is a 16-bit number
 # Replayed copies are confirmed by the broker in batches of at most this many, or this old: one round trip per
 # batch instead of per message; a SIGKILL mid-batch replays at most the batch twice.
 CONFIRM_BATCH = 64
 CONFIRM_SECONDS = 0.05
 CONFIRM_TIMEOUT_SECONDS = 60.0
 IDLE_SECONDS = 1.0
-RETURN_SECONDS, RETURN_POLL_SECONDS = 5.0, 0.02
-QUIET_SECONDS = 0.1  # a consumer cancelled with room in its window: what was in flight to it has come by then
 CATCH_UP_SECONDS = 0.1  # a consumer with room in its window and nothing delivered for this long has seen all there is
 
 
@@ -69,9 +64,6 @@ class Tally:
     whole: bool = False
     archived: int = 0  # messages that walk saw
     selected: int = 0  # of which the selection took (moved, or left: unroutable, beyond the limit)
-    # Of which were archived before the selection's start (known archive time): a replay that sees every one of
-    # those it began with still archived knows that no other client holds any (replay/runner.py).
-    earlier: int = 0
 
 
 @dataclasses.dataclass
@@ -100,101 +92,48 @@ def _depth(channel: Any, queue: str) -> int:
 
 
 class Walk:
-    """Every message the archive held when the walk began, once, oldest first, left unacknowledged (on channels of
-    its own: closing them puts back what was not acknowledged).
+    """Every message the archive held when the walk began, once, oldest first, left unacknowledged (on a channel of
+    its own: closing it puts back what was not acknowledged).
 
-    One consumer at a time, in order: once a consumer took CHANNEL_SHARE messages it is cancelled (its channel
-    stays open, holding what it delivered: an acknowledgement after the cancel is valid) and the walk goes on with
-    a new channel and consumer on the same queue. RabbitMQ finds an acknowledged delivery by scanning its
-    channel's unacknowledged deliveries from the oldest (rabbit_channel:collect_acks, rabbitmq-server#1511): with
-    one channel holding every passed-over message, each acknowledgement cost O(passed over) and a selective replay
-    O(selected x passed over) — 2.7 ms an acknowledgement with 10,000 held. Each one now scans at most a share.
-    Each message is acknowledged on the channel it came on. What was not acknowledged is put back channel by
-    channel, oldest first (close), so it keeps its original order (classic: to its place; quorum: returned in
-    return order) — measured for a walk that ends; after a SIGKILL the broker returns it itself, in an order not
-    measured on quorum queues.
-    A walk opens at most WALK_CHANNELS channels; one that would need more ends short (`window_full`): the move
-    walks again. Copies are published on another connection (Confirmed), so the deliveries the broker sends ahead
-    never hold up the publishing.
+    One consumer whose prefetch window covers the archive (up to AMQP's 16-bit limit): what it passes over stays
+    unacknowledged and keeps its place. Consumers restarted with a smaller window lost the order on quorum queues
+    (measured: returned in another order); one consumer kept it on classic and quorum queues. A walk that passed
+    over a whole window ends short (`window_full`): the move walks again. Copies are published on another
+    connection (Confirmed), so the deliveries the broker sends ahead never hold up the publishing.
     """
 
     def __init__(self, connection: Connection, queue: str) -> None:
-        self._connection = connection
-        first = connection.channel()
-        self.channels = [first]
+        self.channel = connection.channel()
         self.queue = queue
-        self.ready = _depth(first, queue)  # what the walk takes: later arrivals are after the start
+        self.ready = _depth(self.channel, queue)  # what the walk takes: later arrivals are after the start
+        self.prefetch = max(1, min(PREFETCH_LIMIT, self.ready))
+        self.unacked = 0
         self.window_full = False
         self.received = 0
         self._delivered: collections.deque[amqp.Message] = collections.deque()
-        self._consumer: tuple[Any, str] | None = None
-        self._taken_by_consumer = self._acked_of_consumer = 0
-        self._held: dict[Any, set[int]] = {}  # each channel's delivery tags not acknowledged
-        # A connection has at most channel_max channels (2,047 by default on RabbitMQ; 0: no limit but the 16-bit
-        # channel number): leave some to its other uses.
-        channel_max = int(connection.connection.channel_max or 65_535)
-        self._most_channels = max(1, min(WALK_CHANNELS, channel_max - 16))
-        self._consume(first)
-
-    def _consume(self, channel: Any) -> None:
-        self._taken_by_consumer = self._acked_of_consumer = 0
-        channel.basic_qos(0, CHANNEL_SHARE, False)
-        self._consumer = (channel, channel.basic_consume(self.queue, callback=self._deliver, no_ack=False))
-
-    def _deliver(self, message: amqp.Message) -> None:
-        self._taken_by_consumer += 1
-        self._held.setdefault(message.channel, set()).add(message.delivery_tag)
-        self._delivered.append(message)
-
-    def _next_channel(self) -> None:
-        """Go on with a new consumer on a new channel, unless the walk has as many channels as it may open."""
-        self._cancel()
-        if len(self.channels) < self._most_channels:
-            channel = self._connection.channel()
-            self.channels.append(channel)
-            self._consume(channel)
-
-    def _cancel(self) -> None:
-        """Cancel the current consumer once its window is full (or nothing more comes and nothing is ready): then
-        nothing is in flight to it. A quorum queue's deliveries in flight at a cancel come after the cancel-ok,
-        and py-amqp rejects those back to the queue (measured: out of order)."""
-        assert self._consumer is not None
-        channel, tag = self._consumer
-        while self._taken_by_consumer - self._acked_of_consumer < CHANNEL_SHARE:
-            if not self._drain(channel, QUIET_SECONDS):
-                break
-        channel.basic_cancel(tag)
-        self._consumer = None
-
-    def _drain(self, channel: Any, timeout: float = IDLE_SECONDS) -> bool:
-        """Wait for deliveries; False when none came and nothing is ready (the rest expired, or was taken by
-        another client meanwhile; a lazy queue may pause while it reads from disk)."""
-        connection = channel.connection
-        connection.heartbeat_tick()  # with heartbeats on, the broker drops a connection whose holder died
-        try:
-            connection.drain_events(timeout=timeout)
-        except TimeoutError:
-            return _depth(channel, self.queue) > 0
-        return True
+        self.channel.basic_qos(0, self.prefetch, False)
+        self.channel.basic_consume(queue, callback=self._delivered.append, no_ack=False)
 
     def __iter__(self) -> Iterator[tuple[Archived, amqp.Message]]:
+        connection = self.channel.connection
         while self.received < self.ready:
-            if (
-                self._consumer is not None
-                and self._taken_by_consumer >= CHANNEL_SHARE
-                and self.received + len(self._delivered) < self.ready
-            ):
-                self._next_channel()
             if not self._delivered:
-                if self._consumer is None:
+                if self.unacked >= self.prefetch:
                     self.window_full = True
                     return
-                if not self._drain(self._consumer[0]):
-                    return
+                connection.heartbeat_tick()  # with heartbeats on, the broker drops a connection whose holder died
+                try:
+                    connection.drain_events(timeout=IDLE_SECONDS)
+                except TimeoutError:
+                    # A lazy queue may pause while it reads from disk: the walk ends only when nothing is ready
+                    # (the rest expired, or was taken by another client meanwhile).
+                    if _depth(self.channel, self.queue) == 0:
+                        return
                 continue
             message = self._delivered.popleft()
             position = self.received
             self.received += 1
+            self.unacked += 1
             properties = dict(message.properties)
             yield (
                 describe(
@@ -208,41 +147,11 @@ class Walk:
             )
 
     def ack(self, message: amqp.Message) -> None:
-        channel = message.channel  # acknowledged on the channel it came on: delivery tags are per channel
-        channel.basic_ack(message.delivery_tag)
-        self._held[channel].discard(message.delivery_tag)
-        if self._consumer is not None and channel is self._consumer[0]:
-            self._acked_of_consumer += 1
+        self.channel.basic_ack(message.delivery_tag)
+        self.unacked -= 1
 
     def close(self) -> None:
-        """Put back what was not acknowledged, channel by channel, oldest first: each channel's deliveries returned
-        at once (basic.nack, multiple, requeue), then the channel closed (the close-ok orders the next channel's
-        return after it). Closing alone returned a cancelled consumer's deliveries out of order on a quorum queue
-        (measured: part of the first channel's after the later channels').
-        The current consumer is cancelled first: returned messages would be delivered to it again."""
-        if self._consumer is not None:
-            self._cancel()
-        returning = sum(len(held) for held in self._held.values())
-        expected = _depth(self.channels[0], self.queue) + returning if returning else 0
-        for channel in self.channels:
-            held = self._held.get(channel)
-            if held:
-                channel.send_method(amqp.spec.Basic.Nack, "Lbb", (max(held), True, True))  # py-amqp has no basic_nack
-            channel.close()
-        if returning:
-            self._wait_for_returns(expected)
-
-    def _wait_for_returns(self, expected: int) -> None:
-        """The broker puts returned messages back a moment later (measured: 4,608 of 20,000 back just after 40
-        channels closed): a walk that follows at once would take only those and have to walk again. Waits until the
-        archive holds them — a bounded time: another client may take some meanwhile."""
-        channel = self._connection.channel()
-        try:
-            deadline = time.monotonic() + RETURN_SECONDS
-            while _depth(channel, self.queue) < expected and time.monotonic() < deadline:
-                time.sleep(RETURN_POLL_SECONDS)
-        finally:
-            channel.close()
+        self.channel.close()  # what was not acknowledged goes back to its place in the archive
 
 
 def archive_size(connection: Connection, service: str) -> int:
@@ -431,14 +340,11 @@ def move(
     tally: Tally | None = None,
     stop: threading.Event | None = None,
     progress: Callable[[Tally], None] | None = None,
-    walk_on: bool = False,
 ) -> Tally:
     """Replay (or purge) the selected archived messages, oldest first, at most `limit` of them, until `stop`.
 
     A replayed message is acknowledged only once the broker confirmed its copy; one that no queue takes
-    (mandatory publish returned) stays archived and is counted as unroutable. With `walk_on`, a move that reached
-    its limit walks on to the end of the archive, taking nothing more, so that it saw the archive whole (the
-    operator's replay counts what is left from it instead of walking the archive again).
+    (mandatory publish returned) stays archived and is counted as unroutable.
     """
     tally = tally if tally is not None else Tally()
     stop = stop or threading.Event()
@@ -451,25 +357,21 @@ def move(
         one = _Pass(connection, queue, route, tally, progress)
         passes += 1
         segment_ends = time.monotonic() + SEGMENT_SECONDS
-        selected = earlier = 0
+        selected = 0
         try:
             walked_to_the_end, cut = True, False
             for item, message in one.walk:
                 if one.due():
                     one.settle()
-                beyond = limit is not None and tally.done + one.pending >= limit
-                if stop.is_set() or (beyond and not walk_on):
+                if stop.is_set() or (limit is not None and tally.done + one.pending >= limit):
                     cut = True
                     break
                 if time.monotonic() > segment_ends:
                     walked_to_the_end = False
                     break
-                earlier += selection.archived_before_start(item)
                 if not selection.matches(item):
                     continue
                 selected += 1
-                if beyond:
-                    continue
                 if pace.wait():
                     cut = True
                     break
@@ -478,7 +380,6 @@ def move(
             walked_to_the_end = walked_to_the_end and not one.walk.window_full
             seen_all = walked_to_the_end and not cut and one.walk.received == one.walk.ready
             tally.whole, tally.archived, tally.selected = passes == 1 and seen_all, one.walk.ready, selected
-            tally.earlier = earlier
         finally:
             one.close()
     return tally

@@ -64,19 +64,13 @@ class ReplayRunner:
         held = await self._held_elsewhere(service)
         return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
 
-    async def seen_after_move(self, service: str, earlier: int) -> ArchiveSeen | None:
+    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
         """The archive as the last move left it, when that move walked all of it once (what it saw, less what it
-        moved), and what other clients hold of it now; None when it must be walked again to be known.
-
-        `earlier`: how many of the messages archived before the replay started should still be there (those it
-        began with, less what it did before this move). A move that saw every one of them knows that no other
-        client holds any, without asking the management API, whose figures would still show the move's own walk
-        for 5-10 s (they are asked otherwise). Only a message archived before the start that reached the archive
-        after the replay counted it could stand in for one held elsewhere."""
+        moved), and what other clients hold of it now; None when it must be walked again to be known."""
         tally = self.tally
         if not tally.whole:
             return None
-        held = 0 if tally.earlier == earlier else await self._held_elsewhere(service)
+        held = await self._held_elsewhere(service)
         return ArchiveSeen(tally.archived - tally.done, tally.selected - tally.done, held)
 
     async def _held_elsewhere(self, service: str) -> int | None:
@@ -114,15 +108,7 @@ class ReplayRunner:
                 # whether the last acknowledgement arrived is unknown, so the replay resumes through a recount.
                 raise BrokerUnavailableError(f"the connection to the broker at {self.display} was lost mid-way")
             return operations.move(
-                connection,
-                service,
-                selection,
-                purge=purge,
-                limit=limit,
-                rate=rate,
-                tally=self.tally,
-                stop=self.stop,
-                walk_on=True,  # seen whole, the archive needs no other walk (nor statistics) before the end
+                connection, service, selection, purge=purge, limit=limit, rate=rate, tally=self.tally, stop=self.stop
             )
 
         try:

@@ -163,10 +163,6 @@ class Selection:
     def everything(self) -> bool:
         return self == Selection()
 
-    def archived_before_start(self, item: Archived) -> bool:
-        """Archived, by its known archive time, before the action started."""
-        return self.started_at is not None and item.archived_at is not None and item.archived_at < self.started_at
-
     def matches(self, item: Archived) -> bool:
         if self.events and item.event not in self.events:
             return False
