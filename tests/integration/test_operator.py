@@ -190,3 +190,22 @@ def test_a_changed_immutable_field_is_refused_by_the_operator_itself(
         connection.channel().queue_declare("billing2.orders.order.created", passive=True)
     kube_api.kubectl("patch", "ces", "billing", "--type=json", "-p", '[{"op":"remove","path":"/spec/serviceName"}]')
     eventually(lambda: ready_condition(kube_api).get("status") == "True", message="setting it back did not heal")
+
+
+def test_a_port_taken_between_its_pick_and_the_operators_bind_starts_it_on_other_ports(
+    kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: Any
+) -> None:
+    """The tests' processes pick free ports and bind them later; another process of the run may take one meanwhile
+    (two CI runs failed so): the operator under test starts again on other ports."""
+    process = OperatorProcess(kube_api.kubeconfig, tmp_path / "taken.log")
+    taken = process.metrics_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        process.start()
+    try:
+        assert "address already in use" in process.log().lower()
+        assert process.metrics_port != taken
+        assert "celery_event_operator" in process.scrape()
+    finally:
+        process.stop()

@@ -39,6 +39,7 @@ import base64
 import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import ssl
@@ -300,6 +301,20 @@ class ChartOperator:
         self.cluster.client.delete(f"/api/v1/namespaces/{self.namespace}")
 
 
+TEST_NAMESPACE = re.compile(r"\bt-[0-9a-f]{8}\b")
+
+
+def lines_of(log: str, namespace: str | None) -> str:
+    """A cluster-wide operator's log, less what it did for other tests' namespaces and the AMQP client's chatter:
+    what a failure report needs (the whole log drowns it)."""
+    kept = []
+    for line in log.splitlines():
+        named = set(TEST_NAMESPACE.findall(line))
+        if (not named or named == {namespace}) and "] amqp " not in line:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 @pytest.fixture
 def chart_operator(cluster: Cluster, tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Iterator[ChartOperator]:
     """The chart (values: an indirect parameter) installed, and its operator running as its ServiceAccount: every
@@ -311,6 +326,8 @@ def chart_operator(cluster: Cluster, tmp_path: pathlib.Path, request: pytest.Fix
         installed.stop()
         report = getattr(request.node, "rep_call", None)
         if report is not None and report.failed:
+            namespace = request.node.funcargs.get("namespace")
             for log in sorted(tmp_path.glob("operator-*.log")):
-                print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-20000:]}")
+                print(f"--- {log.name} (lines of {namespace} or none) ---")
+                print(lines_of(log.read_text(errors="replace"), namespace)[-60000:])
         installed.uninstall()

@@ -28,6 +28,9 @@ def accepts(port: int) -> bool:
     return True
 
 
+PORT_ATTEMPTS = 3
+
+
 class OperatorProcess:
     def __init__(
         self,
@@ -41,11 +44,18 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.verbose = verbose
         self.log_path = log_path
+        self.webhook = webhook
+        self._given_args = extra_args
+        self._resync_seconds = resync_seconds
+        self._pick_ports()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _pick_ports(self) -> None:
+        """Free ports for liveness, the webhook (with a certificate the tests can verify it by) and /metrics."""
         self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
-        # The admission webhook on a free port, with a certificate the tests can verify it by.
         self.webhook_port = free_port()
         self.webhook_cert, webhook_key = certs.self_signed(
-            log_path.parent / f"webhook-{self.webhook_port}", ["127.0.0.1"]
+            self.log_path.parent / f"webhook-{self.webhook_port}", ["127.0.0.1"]
         )
         self.metrics_port = free_port()
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -53,22 +63,34 @@ class OperatorProcess:
             *("--webhook-port", str(self.webhook_port), "--webhook-addr", "127.0.0.1"),
             *("--webhook-cert", str(self.webhook_cert), "--webhook-key", str(webhook_key)),
         ]
-        if not webhook:
+        if not self.webhook:
             webhook_args = ["--webhook-port", "0"]  # what the chart passes with webhook.enabled=false
-        self.webhook = webhook
         self.extra_args = (
-            *extra_args,
+            *self._given_args,
             "--resync-seconds",
-            str(resync_seconds),
+            str(self._resync_seconds),
             "--metrics-port",
             str(self.metrics_port),
             "--metrics-addr",
             "127.0.0.1",
             *webhook_args,
         )
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
+        """Start and wait until it serves. A free port is free when picked, not when bound: another process of
+        the test run may take it meanwhile, and then the operator starts again on other ports."""
+        for _ in range(PORT_ATTEMPTS - 1):
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return self._start()
+            except RuntimeError:
+                if "address already in use" not in self.log()[logged:].lower():
+                    raise
+                self._log.close()
+                self._pick_ports()
+        return self._start()
+
+    def _start(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(

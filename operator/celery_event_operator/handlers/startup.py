@@ -15,7 +15,10 @@ from celery_event_operator.flow.context import Context, webhook_certificate
 @kopf.on.startup()
 async def connect(memo: kopf.Memo, **_: Any) -> None:
     # Shared by every resource's keeper (kopf copies the memo per object, not the objects in it).
-    memo.context = Context.open(memo.options)
+    try:
+        memo.context = Context.open(memo.options)
+    except OSError as exc:  # e.g. the /metrics port is taken: trying again in a minute would not free it
+        raise kopf.PermanentError(f"the operator cannot start: {exc}") from exc
     if memo.options.webhook is not None:
         memo.context.injections.start()  # the webhook answers from it, kept current in the background
     await memo.context.ensure_peering()

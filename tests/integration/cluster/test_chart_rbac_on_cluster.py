@@ -20,7 +20,7 @@ from celery_event_operator.core.api import metadata
 from tests.conftest import billing_sample, create_broker_secret
 from tests.integration.cluster.test_workers_on_cluster import worker_deployment
 from tests.support import rabbitmq
-from tests.support.cluster import ChartOperator, Cluster
+from tests.support.cluster import ChartOperator, Cluster, lines_of
 from tests.support.kube import condition, eventually, gone
 
 HASH = metadata.HASH_ANNOTATION
@@ -62,7 +62,8 @@ def test_every_feature_works_under_the_charts_rbac_with_no_request_refused(
         exercise(cluster, namespace, test_vhost_url, test_vhost, rabbitmq_management)
     except BaseException:
         for log in sorted(tmp_path.glob("operator-*.log")):
-            print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-15000:]}")
+            print(f"--- {log.name} (lines of {namespace} or none) ---")
+            print(lines_of(log.read_text(errors="replace"), namespace)[-60000:])
         raise
     finally:
         chart.stop()
