@@ -20,6 +20,7 @@ from tests.integration.lifecycle.fleet import APPS, service
 from tests.support.cluster import ChartOperator, Cluster
 from tests.support.kube import eventually, gone
 from tests.support.waiting import stays
+from tests.support.workers import release_held
 
 
 class LongTaskService(Service):
@@ -66,9 +67,7 @@ class LongTaskService(Service):
         return [json.loads(line) for line in text.splitlines()]
 
     def release(self, *order_ids: int) -> None:
-        """Lets the held tasks of these orders end (orders_app's `hold:` behaviour)."""
-        for order_id in order_ids:
-            pathlib.Path(f"{self.handled_log}.release-{order_id}").touch()
+        release_held(self.handled_log, *order_ids)
 
 
 # The tasks' limit the grace covers: 150 s + 10 s for the worker to exit, rounded up to 180 s.

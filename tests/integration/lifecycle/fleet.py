@@ -19,7 +19,7 @@ from tests.conftest import REPO, billing_sample
 from tests.integration.injection.test_healing import admitted_with_settings
 from tests.support.kube import EmulatedApi, events
 from tests.support.operator_process import OperatorProcess
-from tests.support.workers import Worker, as_kubelet_would
+from tests.support.workers import Worker, as_kubelet_would, release_held
 
 APPS = REPO / "tests" / "integration" / "injection" / "apps"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -93,9 +93,7 @@ class Fleet:
         return [json.loads(line) for line in text.splitlines()]
 
     def release(self, *order_ids: int) -> None:
-        """Lets the held tasks of these orders end (orders_app's `hold:` behaviour)."""
-        for order_id in order_ids:
-            pathlib.Path(f"{self.handled_log}.release-{order_id}").touch()
+        release_held(self.handled_log, *order_ids)
 
     def phases(self, order_id: int) -> list[str]:
         """What the handler recorded of one order's runs, in order ("started", "done"; "handled" for a quick run)."""
