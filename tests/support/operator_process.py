@@ -162,6 +162,21 @@ class OperatorProcess:
         self._log.close()
 
 
+def worker_pod(labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    """A worker pod as its Deployment's ReplicaSet creates it (before the webhook), with `labels` added."""
+    container = {"name": "worker", "image": "billing-worker", "command": ["celery", "-A", "billing_app", "worker"]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "billing-worker-",
+            "namespace": "default",
+            "labels": {"app": "billing-worker", **(labels or {})},
+        },
+        "spec": {"containers": [container], **spec},
+    }
+
+
 def admission_review(pod: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
     """A pod's CREATE as the API server sends it to a mutating webhook."""
     return {

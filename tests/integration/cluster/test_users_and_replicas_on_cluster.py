@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, billing_sample, create_broker_secret
-from tests.integration.injection.test_webhook import admitted, worker_pod
+from tests.integration.injection.test_webhook import admitted
 from tests.support.cluster import ChartOperator, Cluster, peering_state
 from tests.support.kube import condition, eventually
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, worker_pod
 
 TAKEOVER_LIMIT_SECONDS = 40  # the peering lifetime (15 s) plus a resync and kopf's re-listing, with margin
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from celery_event_operator.core.api import metadata
 from tests.conftest import REPO, billing_sample, create_broker_secret
-from tests.integration.injection.test_webhook import admitted, worker_pod
+from tests.integration.injection.test_webhook import admitted
 from tests.support.kube import EmulatedApi, condition, eventually
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, worker_pod
 from tests.support.waiting import stays
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"

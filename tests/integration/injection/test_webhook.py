@@ -16,24 +16,10 @@ from celery_event_operator.core.injection import pod as injection_pod
 from celery_event_operator.core.injection import settings as injection_settings
 from tests.conftest import billing_sample, create_broker_secret
 from tests.support.kube import EmulatedApi, eventually
-from tests.support.operator_process import OperatorProcess, admission_review
+from tests.support.operator_process import OperatorProcess, admission_review, worker_pod
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 MOUNT = injection_settings.MOUNT_PATH
-
-
-def worker_pod(labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-    container = {"name": "worker", "image": "billing-worker", "command": ["celery", "-A", "billing_app", "worker"]}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "generateName": "billing-worker-",
-            "namespace": "default",
-            "labels": {"app": "billing-worker", **(labels or {})},
-        },
-        "spec": {"containers": [container], **spec},
-    }
 
 
 def admitted(operator: OperatorProcess, pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

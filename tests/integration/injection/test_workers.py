@@ -24,10 +24,9 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.topology import plan
 from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
 from tests.conftest import billing_sample, create_broker_secret
-from tests.integration.injection.test_webhook import worker_pod
 from tests.support import rabbitmq
 from tests.support.kube import EmulatedApi, condition, eventually
-from tests.support.operator_process import OperatorProcess, admission_review
+from tests.support.operator_process import OperatorProcess, admission_review, worker_pod
 from tests.support.waiting import stays
 from tests.support.workers import Worker, as_kubelet_would
 

@@ -20,10 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_event_devcluster import jsonpatch
 from tests.conftest import REPO, billing_sample, create_broker_secret
-from tests.integration.injection.test_webhook import worker_pod
 from tests.support import metric_names, rabbitmq
 from tests.support.kube import EmulatedApi, condition, events, eventually
-from tests.support.operator_process import OperatorProcess, admission_review
+from tests.support.operator_process import OperatorProcess, admission_review, worker_pod
 from tests.support.waiting import stays
 from tests.support.workers import Worker, as_kubelet_would
 from tests.unit.chart.test_chart import CHART, render

@@ -22,9 +22,8 @@ from celery_event_devcluster import jsonpatch
 from celery_event_operator.adapters.archive import operations
 from tests.conftest import create_broker_secret
 from tests.integration.archive.test_archive_tools import archive_task, depth, drain
-from tests.integration.injection.test_webhook import worker_pod
 from tests.support.kube import EmulatedApi, condition, eventually
-from tests.support.operator_process import OperatorProcess, admission_review
+from tests.support.operator_process import OperatorProcess, admission_review, worker_pod
 from tests.support.waiting import stays
 from tests.support.workers import Worker, as_kubelet_would
 
