@@ -1,4 +1,5 @@
-"""The Kubernetes API calls of a service's passes, off the event loop (I/O; the flow's ClusterAccess)."""
+"""The Kubernetes API calls of a service's passes and of a replay, off the event loop (I/O; the flow's ClusterAccess
+and ReplayApi)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ class Cluster:
 
     async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         await self.kube.call(self.kube.api.patch_service_metadata, namespace, name, annotations)
+
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self.kube.read(self.kube.api.read_service, namespace, name)
+
+    async def patch_replay_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None:
+        await self.kube.call(self.kube.api.patch_replay_status, namespace, name, fields)
 
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         await self.kube.call(self.kube.api.annotate_pod, namespace, name, annotations)

@@ -1,12 +1,15 @@
-"""What a replay needs of the broker (the port flow/replays.py is given; adapters/replay/runner.py implements it), so
-that the replay flow imports no adapter and its sequencing can run on fakes."""
+"""What a replay needs of the broker and of the Kubernetes API (the ports flow/replays.py is given;
+adapters/replay/runner.py and adapters/cluster.py implement them, flow/context.py wires them), so that the replay flow
+imports no adapter and its sequencing runs on fakes."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from celery_event_operator.core.archive.messages import Archived, Selection
+from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.replay.conclusion import ArchiveSeen
+from celery_event_operator.flow.ports import BrokerSource
 
 
 class MoveProgress(Protocol):
@@ -42,3 +45,27 @@ class ReplayBroker(Protocol):
     def halt(self) -> None: ...  # the move returns after the events in hand
 
     def close(self) -> None: ...
+
+
+class ReplayApi(Protocol):
+    """The Kubernetes API calls of a replay."""
+
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any]:
+        """The service's body; NotFoundError, or KubeError when the API does not answer."""
+        ...
+
+    async def patch_replay_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None: ...
+
+
+class ReplayContext(Protocol):
+    """What every replay's keeper is given (flow.context.Context in the operator; fakes in tests)."""
+
+    @property
+    def cluster(self) -> ReplayApi: ...
+
+    @property
+    def brokers(self) -> BrokerSource: ...
+
+    def replay_broker(self, settings: BrokerSettings) -> ReplayBroker:
+        """A replay's own broker connection (and thread)."""
+        ...

@@ -37,8 +37,8 @@ from celery_event_operator.core.replay import conclusion, plan
 from celery_event_operator.core.replay.slots import Key, ReplaySlots, archive_key
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import EventNote, PostEvents
-from celery_event_operator.flow.context import Context
-from celery_event_operator.flow.replay_ports import ReplayBroker
+from celery_event_operator.flow.replay_ports import ReplayApi, ReplayBroker, ReplayContext
+from celery_event_operator.flow.writer import StatusWriter
 
 # How often a waiting replay looks again (jittered), and how often a running one writes its counters.
 WAIT_SECONDS = 5.0
@@ -55,13 +55,13 @@ class ServiceReads:
     def __init__(self) -> None:
         self._read: dict[tuple[str, str], tuple[float, asyncio.Task[dict[str, Any]]]] = {}
 
-    async def read(self, context: Context, key: tuple[str, str]) -> dict[str, Any]:
+    async def read(self, api: ReplayApi, key: tuple[str, str]) -> dict[str, Any]:
         """The service's body; NotFoundError or KubeError otherwise."""
         now = time.monotonic()
         found = self._read.get(key)
         if found is None or now - found[0] > SERVICE_READ_SECONDS:
             self._read = {k: v for k, v in self._read.items() if now - v[0] <= SERVICE_READ_SECONDS}
-            reading = asyncio.ensure_future(context.kube.read(context.kube.api.read_service, *key))
+            reading = asyncio.ensure_future(api.read_service(*key))
             found = self._read[key] = (now, reading)
         return await asyncio.shield(found[1])
 
@@ -77,7 +77,7 @@ class Shared:
 class ReplayKeeper:
     def __init__(
         self,
-        context: Context,
+        context: ReplayContext,
         shared: Shared,
         body: Mapping[str, Any],
         post: PostEvents,
@@ -92,8 +92,8 @@ class ReplayKeeper:
         self.post = post
         self._logger = logger
         self._stopped: Any = None
-        self._conditions: list[dict[str, Any]] | None = None  # as last written
-        self._sent: dict[str, Any] = {}  # status fields as last written
+        self._writer = StatusWriter(context.cluster.patch_replay_status, None, self.namespace, self.name, logger)
+        self._written: dict[str, Any] = {}  # status fields as last written (or shown)
         self._began: plan.Started | None = None  # as last written (the watch may not have brought it back yet)
         self.holder = f"{self.namespace}/{self.name}"
         self._slot: Key | None = None
@@ -173,7 +173,7 @@ class ReplayKeeper:
         """The serviceName and spec of the replay's service once it is Ready; False (and why, in status) before;
         True when the replay ended for want of it (it had started: its service was deleted)."""
         try:
-            service = await self.services.read(self.context, (self.namespace, replay.service))
+            service = await self.services.read(self.context.cluster, (self.namespace, replay.service))
         except NotFoundError:
             if began is not None:
                 await self._end(self._service_deleted(replay, began, done=self._done_as_written(replay), unroutable=0))
@@ -309,7 +309,7 @@ class ReplayKeeper:
     async def _service_gone(self, replay: plan.Replay) -> bool:
         """The service was deleted (or is being deleted): a fact of the API, read at most every few seconds."""
         try:
-            service = await self.services.read(self.context, (self.namespace, replay.service))
+            service = await self.services.read(self.context.cluster, (self.namespace, replay.service))
         except NotFoundError:
             return True
         except KubeError:
@@ -326,7 +326,7 @@ class ReplayKeeper:
 
     def _done_as_written(self, replay: plan.Replay) -> int:
         done = (self.body.get("status") or {}).get(replay.done_field)
-        written = self._sent.get(replay.done_field, done)
+        written = self._written.get(replay.done_field, done)
         return written if isinstance(written, int) else 0
 
     def _log_wait(self, decision: plan.Decision) -> None:
@@ -373,22 +373,13 @@ class ReplayKeeper:
             self.post(notes)
 
     def _previous(self) -> list[dict[str, Any]]:
-        if self._conditions is not None:
-            return self._conditions
+        if "conditions" in self._written:
+            return list(self._written["conditions"])
         return list((self.body.get("status") or {}).get("conditions") or [])
 
     async def _write(self, status: Mapping[str, Any]) -> bool:
-        """Patch the fields that changed since the last write; False when the API refused it."""
-        changed = {field: value for field, value in status.items() if self._sent.get(field, ...) != value}
-        if not changed:
-            return True
-        kube = self.context.kube
-        try:
-            await kube.call(kube.api.patch_replay_status, self.namespace, self.name, changed)
-        except KubeError as exc:
-            self._logger.warning("status of replay %s/%s not written: %s", self.namespace, self.name, exc)
+        """The fields the replay does not show yet, through the one writer; False when the API refused them."""
+        if not await self._writer.write(self.body, status):
             return False
-        self._sent |= changed
-        if "conditions" in changed:
-            self._conditions = changed["conditions"]
+        self._written |= status
         return True

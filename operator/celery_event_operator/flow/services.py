@@ -90,7 +90,7 @@ class ServiceKeeper:
         self.post = post
         self._logger = logger
         self.lock = asyncio.Lock()
-        self._writer = StatusWriter(context.cluster, namespace, name, logger)
+        self._writer = StatusWriter(context.cluster.patch_status, context.cluster.annotate, namespace, name, logger)
         self._status: CeleryEventServiceStatus | None = None  # as last concluded (None: not yet, use the body's)
         self._announced = Announced()
         self._broker: ServiceBroker | None = None

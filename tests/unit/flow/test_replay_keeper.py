@@ -61,24 +61,19 @@ class FakeReplayBroker:
 
 
 class FakeKube:
+    """The replay's API: the service as given, status patches recorded and shown in the replay's body at once."""
+
     def __init__(self, replay: dict[str, Any], service: dict[str, Any] | None) -> None:
         self.replay = replay
         self.service = service
         self.patches: list[dict[str, Any]] = []
-        self.api = types.SimpleNamespace(read_service=self._read_service, patch_replay_status=self._patch)
 
-    async def read(self, method: Any, *args: Any) -> Any:
-        return method(*args)
-
-    async def call(self, method: Any, *args: Any) -> Any:
-        return method(*args)
-
-    def _read_service(self, namespace: str, name: str) -> dict[str, Any]:
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any]:
         if self.service is None:
             raise NotFoundError(f"no CeleryEventService {name}")
         return self.service
 
-    def _patch(self, namespace: str, name: str, fields: dict[str, Any]) -> None:
+    async def patch_replay_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None:
         self.patches.append(fields)
         self.replay.setdefault("status", {}).update(fields)
 
@@ -105,7 +100,7 @@ def run(
 ) -> tuple[FakeKube, list[tuple[str, str]]]:
     kube = FakeKube(replay, service)
     context = types.SimpleNamespace(
-        kube=kube, brokers=FakeBrokers(FakeBroker(SETTINGS)), replay_broker=lambda settings: broker
+        cluster=kube, brokers=FakeBrokers(FakeBroker(SETTINGS)), replay_broker=lambda settings: broker
     )
     posted: list[tuple[str, str]] = []
     keeper = ReplayKeeper(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import types
 from typing import Any
 
 import pytest
@@ -14,10 +13,9 @@ from celery_event_operator.flow.replays import ServiceReads
 
 class CountingKube:
     def __init__(self, answer: dict[str, Any] | Exception) -> None:
-        self.api = types.SimpleNamespace(read_service=object())
         self.answer, self.reads = answer, 0
 
-    async def read(self, _call: object, *_key: str) -> dict[str, Any]:
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any]:
         self.reads += 1
         await asyncio.sleep(0.01)  # the API's round trip
         if isinstance(self.answer, Exception):
@@ -27,16 +25,16 @@ class CountingKube:
 
 async def test_a_thousand_replays_asking_at_once_cost_one_read() -> None:
     kube = CountingKube({"metadata": {"name": "billing"}})
-    reads, context = ServiceReads(), types.SimpleNamespace(kube=kube)
-    found = await asyncio.gather(*(reads.read(context, ("shop", "billing")) for _ in range(1000)))  # type: ignore[arg-type]
+    reads = ServiceReads()
+    found = await asyncio.gather(*(reads.read(kube, ("shop", "billing")) for _ in range(1000)))
     assert kube.reads == 1
     assert all(body == {"metadata": {"name": "billing"}} for body in found)
 
 
 async def test_a_failed_read_is_every_askers_failure() -> None:
     kube = CountingKube(KubeUnavailableError("the API did not answer"))
-    reads, context = ServiceReads(), types.SimpleNamespace(kube=kube)
+    reads = ServiceReads()
     for _ in range(3):
         with pytest.raises(KubeUnavailableError):
-            await reads.read(context, ("shop", "billing"))  # type: ignore[arg-type]
+            await reads.read(kube, ("shop", "billing"))
     assert kube.reads == 1
