@@ -119,6 +119,8 @@ class ServiceKeeper:
                 await self._reconcile(body, pods, annotate)
 
     async def _reconcile(self, body: Mapping[str, Any], pods: PodsOf, annotate: Annotate | None) -> None:
+        # Read together, before any wait: the watch may swap a later generation into the body meanwhile, whose
+        # change handler waits for this pass and must not find its generation done with this spec.
         accepted, changed = specs.immutable_changes(body)
         found = self._understood(body)
         generation = specs.generation_of(body)
@@ -155,7 +157,7 @@ class ServiceKeeper:
                 return
         else:
             topology = await steps.declare(broker, unusable, found.topology, declared)
-        workers = await self._workers_outcome(body, found, pods)
+        workers = await self._workers_outcome(body, generation, found, pods)
         # The Kubernetes API did not answer a read of this pass: asked again soon, not a whole resync later.
         self._api_retry = (
             settings_unavailable is not None
@@ -196,7 +198,8 @@ class ServiceKeeper:
     async def status_pass(self, body: Mapping[str, Any], pods: PodsOf) -> None:
         """Queue lengths into status, the autoscaling decision, healing, the consumer's condition."""
         async with self.lock:
-            found = self._understood(body)
+            # Read together, before any wait: the watch may swap a later generation into the body meanwhile.
+            found, generation = self._understood(body), specs.generation_of(body)
             broker = self._broker
             if isinstance(found, InvalidSpecError) or broker is None or self._deleting or not self._owner:
                 return  # the reconcile reports why
@@ -208,7 +211,7 @@ class ServiceKeeper:
             grace = steps.grace(found, metrics, now)
             timeout = self.context.options.broker_consumer_timeout_seconds
             seen = Observations(
-                specs.generation_of(body),
+                generation,
                 found.spec,
                 queues=queues,
                 scaling=scaling,
@@ -448,10 +451,10 @@ class ServiceKeeper:
         return steps.monitoring(understood.spec.monitoring.enabled, self._subscription, broker)
 
     async def _workers_outcome(
-        self, body: Mapping[str, Any], understood: specs.Understood, pods: PodsOf
+        self, body: Mapping[str, Any], generation: int | None, understood: specs.Understood, pods: PodsOf
     ) -> WorkersOutcome:
-        """The ConfigMap and rollout stamp (checked per generation and every WORKERS_CHECK_SECONDS), the pods."""
-        generation = specs.generation_of(body)
+        """The ConfigMap and rollout stamp (checked per generation and every WORKERS_CHECK_SECONDS), the pods;
+        `understood` is of `generation` (the body may hold a later one by now: kopf's watch keeps it current)."""
         now = time.monotonic()
         hashes = [pod.config_hash for pod in pods(understood.service)]
         if self._workers is not None:

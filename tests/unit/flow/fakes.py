@@ -3,6 +3,7 @@ and answer as told; the status written goes into the body, as the API server and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -57,8 +58,11 @@ class FakeBroker:
         self.calls: list[str] = []
         self.claims: dict[str, Claimant] = {}  # service → who holds it (the claim exchanges on this broker)
         self.claim_failure: OperatorError | None = None
+        self.claim_gate: asyncio.Event | None = None  # set: a claim waits for it (a broker round trip under way)
 
     async def claim(self, service: str, claimant: Claimant) -> Claim:
+        if self.claim_gate is not None:
+            await self.claim_gate.wait()
         if self.claim_failure is not None:
             raise self.claim_failure
         held = self.claims.setdefault(service, claimant)
@@ -135,11 +139,13 @@ class FakeCluster:
         self.scale_failure: KubeError | None = None
         self.workers_unavailable: str | None = None  # the API does not answer sync_workers' reads
         self.evictable = True
+        self.synced: list[CeleryEventServiceSpec] = []  # the spec of each sync_workers (what the ConfigMap holds)
 
     async def sync_workers(
         self, *, owner: dict[str, Any], service: str, spec: CeleryEventServiceSpec, pod_hashes: list[str | None]
     ) -> WorkersOutcome:
         self.calls.append(("sync_workers", service))
+        self.synced.append(spec)
         if self.workers_unavailable is not None:
             return WorkersOutcome("h1", unavailable=self.workers_unavailable)
         return count_pods("h1", pod_hashes)

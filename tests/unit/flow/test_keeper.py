@@ -4,6 +4,7 @@ same passes against a real RabbitMQ and the real operator process."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -83,6 +84,24 @@ async def test_a_reconcile_declares_configures_subscribes_and_writes_once() -> N
     assert len(harness.broker.declares) == 2, "a resync declares again (a hand-deleted queue comes back)"
     assert harness.brokers.users == 1
     assert len(harness.broker.events.subscriptions) == 1
+
+
+async def test_a_spec_change_during_a_resync_is_rolled_out_by_its_change_handler() -> None:
+    """kopf's body is live: the watch swaps in the changed resource while a resync waits on the broker. The resync
+    acts on the spec it read; the change handler that waits for it must not find its own generation done (a CI run
+    saw no rollout for 90 s: the resync had checked the workers for the new generation with the old spec)."""
+    harness = Harness(resource(retry={"maxRetries": 3}))
+    await harness.reconcile()
+    harness.broker.claim_gate = asyncio.Event()
+    resync = asyncio.ensure_future(harness.keeper.reconcile(harness.body, lambda _: harness.pods))
+    await asyncio.sleep(0)  # the resync waits on the claim
+    harness.body["spec"]["retry"]["maxRetries"] = 5
+    harness.body["metadata"]["generation"] = 2
+    change = asyncio.ensure_future(harness.reconcile())
+    harness.broker.claim_gate.set()
+    await asyncio.gather(resync, change)
+    assert [spec.retry.max_retries for spec in harness.cluster.synced] == [3, 5], "the ConfigMap of the new spec"
+    assert harness.body["status"]["observedGeneration"] == 2
 
 
 @pytest.mark.parametrize(
