@@ -31,6 +31,21 @@ def eventually(
         time.sleep(interval)
 
 
+def eventually_equal(
+    probe: Callable[[], T], expected: T, timeout: float = 10, interval: float = 0.1, message: str = "not as expected"
+) -> None:
+    """Poll until `probe` returns `expected` (what arrives a moment later, such as kopf's Events, which it posts
+    from a queue of its own after the status is written); the failure shows the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found == expected:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{message} within {timeout}s: {found!r} != {expected!r}")
+        time.sleep(interval)
+
+
 def stays(probe: Callable[[], object], seconds: float, interval: float = 0.1, message: str = "condition broke") -> None:
     """Check that `probe` holds throughout `seconds` (something must *not* happen); fails at once when not."""
     deadline = time.monotonic() + seconds

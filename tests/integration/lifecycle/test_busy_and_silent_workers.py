@@ -110,7 +110,7 @@ def test_a_solo_worker_whose_task_hangs_past_its_limit_is_reported_and_replaced(
     assert f"past its limit of {MAX_TASK_RUNTIME_SECONDS} s" in warning
     # A hung task is no work to keep: the pod's deletion cost says so before it is evicted.
     eventually(lambda: fleet.pod("billing-worker-a") is None, timeout=20, message="the hung pod was not evicted")
-    [evicted] = events_of(fleet.api, "PodEvicted")
+    [evicted] = eventually(lambda: events_of(fleet.api, "PodEvicted"), timeout=10)
     assert "billing-worker-a" in evicted
     assert "the worker is stuck" in evicted
 

@@ -85,7 +85,7 @@ def test_a_worker_that_stops_consuming_is_reported_evicted_and_replaced_nothing_
     eventually(lambda: fleet.pod("billing-worker-a") is None, timeout=20, message="the stuck pod was not evicted")
     [warning] = eventually(lambda: events_of(fleet.api, "WorkerStuck"), timeout=10)
     assert "billing-worker-a" in warning
-    assert any("the worker is stuck" in message for message in events_of(fleet.api, "PodEvicted"))
+    eventually(lambda: any("the worker is stuck" in message for message in events_of(fleet.api, "PodEvicted")))
 
     # The ReplicaSet's replacement; the evicted pod's worker gets its SIGTERM.
     worker.terminate()

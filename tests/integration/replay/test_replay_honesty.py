@@ -32,7 +32,7 @@ from tests.integration.replay.test_replay_resource import (
 )
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
-from tests.support.waiting import stays
+from tests.support.waiting import eventually_equal, stays
 
 COUNTS = ("matched", "replayed", "skipped", "remaining")
 
@@ -91,8 +91,10 @@ def test_a_replay_waits_while_a_reader_holds_part_of_the_archive(
     assert counts(status) == (1000, 1000, 0, 0)
     assert Counter(m.headers["id"] for m in drain(test_vhost_url, f"billing.{CREATED}")) == Counter(ids[CREATED])
     assert archived_ids(test_vhost_url) == [i for i in ids["all"] if i in set(ids[CANCELLED])], "order kept"
-    reasons = Counter(event["reason"] for event in events_of(kube_api, "created"))
-    assert reasons == {"ArchiveInUse": 1, "Started": 1, "Replayed": 1}, reasons
+    eventually_equal(
+        lambda: Counter(event["reason"] for event in events_of(kube_api, "created")),
+        Counter({"ArchiveInUse": 1, "Started": 1, "Replayed": 1}),
+    )
     assert "Traceback" not in log
 
 
@@ -181,8 +183,10 @@ def test_a_replay_whose_service_is_deleted_stops_and_says_so(
     assert status["matched"] == 3000
     assert status["replayed"] + status["remaining"] + status["skipped"] == 3000
     assert f"{len(left)} " in condition["message"], condition
-    warnings = [(e["type"], e["reason"]) for e in events_of(kube_api, "everything") if e["type"] == "Warning"]
-    assert warnings == [("Warning", "ServiceDeleted")]
+    eventually_equal(
+        lambda: [(e["type"], e["reason"]) for e in events_of(kube_api, "everything") if e["type"] == "Warning"],
+        [("Warning", "ServiceDeleted")],
+    )
     assert "Traceback" not in log
 
 

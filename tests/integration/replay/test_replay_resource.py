@@ -24,7 +24,7 @@ from tests.conftest import create_broker_secret
 from tests.integration.archive.test_archive_tools import archive_task, depth, drain
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review, worker_pod
-from tests.support.waiting import stays
+from tests.support.waiting import eventually_equal, stays
 from tests.support.workers import Worker, as_kubelet_would
 
 APPS = pathlib.Path(__file__).resolve().parent / "apps"
@@ -198,8 +198,11 @@ def test_a_filtered_rate_limited_replay_sends_exactly_its_events_to_the_workers(
     remaining = [task_id for task_id in ids["all"] if task_id not in set(ids[CREATED])]
     assert archived_ids(test_vhost_url) == remaining, "the others stay archived, in order"
 
-    events = events_of(kube_api, "retry-created")
-    assert sorted(event["reason"] for event in events) == ["Replayed", "Started"], "one Event at start, one at the end"
+    eventually_equal(
+        lambda: sorted(event["reason"] for event in events_of(kube_api, "retry-created")),
+        ["Replayed", "Started"],
+        message="one Event at start, one at the end",
+    )
     listing = kube_api.kubectl("get", "cer").stdout.splitlines()
     assert listing[0].split() == [
         "NAME",
@@ -257,8 +260,11 @@ def test_an_operator_killed_twice_during_a_replay_loses_nothing(
     assert depth(test_vhost_url, "billing:archived") == 0
     assert (status["matched"], status["replayed"], status["remaining"], status["skipped"]) == (5000, 5000, 0, 0)
     assert "replay everything resumes: " in resumed
-    reasons = Counter(event["reason"] for event in events_of(kube_api, "everything"))
-    assert reasons == {"Started": 1, "Replayed": 1}, "a resumed replay does not announce a second start"
+    eventually_equal(
+        lambda: Counter(event["reason"] for event in events_of(kube_api, "everything")),
+        Counter({"Started": 1, "Replayed": 1}),
+        message="a resumed replay does not announce a second start",
+    )
 
 
 def test_refused_and_held_replays_touch_nothing(
@@ -308,7 +314,10 @@ def test_refused_and_held_replays_touch_nothing(
         assert (condition_["status"], condition_["reason"]) == ("False", "InvalidSpec")
         assert text in condition_["message"], condition_
         assert "startTime" not in found, "nothing started"
-        assert [(e["type"], e["reason"]) for e in events_of(kube_api, name)] == [("Warning", "InvalidSpec")]
+        eventually_equal(
+            lambda: [(e["type"], e["reason"]) for e in events_of(kube_api, name)],  # noqa: B023 (polled at once)
+            [("Warning", "InvalidSpec")],
+        )
 
     stays(
         lambda: (

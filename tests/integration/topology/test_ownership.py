@@ -213,7 +213,7 @@ def test_deleting_the_owner_lets_the_second_take_over(
     queues = set(rabbitmq.snapshot(rabbitmq_management, test_vhost)["queues"])
     assert "billing.orders.order.refunded" in queues, "the new owner declared its topology"
     assert {CREATED, CANCELLED} <= queues, "the queues the old owner retained are still there"
-    assert events_of(kube_api, "ServiceNameClaimed", SECOND)
+    eventually(lambda: events_of(kube_api, "ServiceNameClaimed", SECOND), message="the take-over was not announced")
     exchange = rabbitmq_management.request(
         "GET", f"/exchanges/{rabbitmq_management.vhost_path(test_vhost)}/{owner_exchange_name('billing')}"
     )
