@@ -255,8 +255,10 @@ def test_an_operator_killed_twice_during_a_replay_loses_nothing(
     assert succeeded(kube_api, "everything")["reason"] == "Replayed", status
     copies = Counter(message.headers["id"] for message in drain(test_vhost_url, f"billing.{CREATED}"))
     assert set(copies) == set(ids[CREATED]), "0 lost"
-    in_flight = 250 * operations.CONFIRM_SECONDS + 2  # copies confirmed in batches at most CONFIRM_SECONDS old
-    assert sum(count - 1 for count in copies.values()) <= 2 * in_flight, "at most one batch twice per kill"
+    # A kill between a batch's confirm and its acknowledgements leaves that batch both archived and replayed. The
+    # batch is CONFIRM_BATCH at most: its age bound (CONFIRM_SECONDS) holds as many as the walk took meanwhile, which
+    # a loaded machine makes more than the rate's share (a CI run: 17 a kill at 250/s, beside 12.5 in 50 ms).
+    assert sum(count - 1 for count in copies.values()) <= 2 * operations.CONFIRM_BATCH, "at most a batch per kill"
     assert depth(test_vhost_url, "billing:archived") == 0
     assert (status["matched"], status["replayed"], status["remaining"], status["skipped"]) == (5000, 5000, 0, 0)
     assert "replay everything resumes: " in resumed
