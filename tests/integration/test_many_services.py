@@ -189,7 +189,7 @@ def test_thirty_services_each_keep_status_metrics_and_autoscaling_and_none_waits
         )
         eventually(
             lambda: all(replicas_of(api)[f"{name(index)}-worker"] == index + 1 for index in range(COUNT)),
-            timeout=2 * INTERVAL + 5,
+            timeout=2 * INTERVAL + 25,
             message="autoscaling did not act on every service",
         )
 
@@ -200,7 +200,12 @@ def test_thirty_services_each_keep_status_metrics_and_autoscaling_and_none_waits
             timeout=30,
             message="not every service has live metrics",
         )
-        assert len(rabbitmq_management.connections(test_vhost)) <= 2
+        # The management API lists a closed connection (the test's publishers') for a moment after it closed.
+        eventually(
+            lambda: len(rabbitmq_management.connections(test_vhost)) <= 2,
+            timeout=rabbitmq.STATS_LAG_SECONDS + 10,
+            message="more than the operator's two connections",
+        )
     finally:
         operator.stop()
 

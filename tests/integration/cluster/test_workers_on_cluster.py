@@ -20,6 +20,7 @@ from tests.integration.lifecycle.fleet import APPS, HANDLER_QUEUE, STUCK_AFTER_S
 from tests.support.cluster import ChartOperator, Cluster
 from tests.support.kube import condition, eventually, gone
 from tests.support.waiting import stays
+from tests.support.workers import release_held
 
 HASH = metadata.HASH_ANNOTATION
 COST = metadata.DELETION_COST_ANNOTATION
@@ -180,7 +181,7 @@ def test_a_scale_down_removes_the_idle_pod_and_the_busy_one_finishes_its_task(
     billing = Service(cluster, namespace, tmp_path / "handled.jsonl")
     billing.start(test_vhost_url, replicas=1)
     [busy] = billing.settled(1)
-    billing.fire((1, "long:30"))
+    billing.fire((1, "hold:300"))  # runs until released: however long the scale-up takes, it is still busy
     eventually(lambda: billing.phases() == [(1, "started")], timeout=30)
     cluster.client.merge_patch(billing.deployment, {"spec": {"replicas": 2}})
     [idle] = eventually(lambda: len(billing.running()) == 2 and list(set(billing.running()) - {busy}), timeout=90)
@@ -193,6 +194,7 @@ def test_a_scale_down_removes_the_idle_pod_and_the_busy_one_finishes_its_task(
     # The ReplicaSet controller picks the pod of lower deletion cost: the idle one.
     eventually(lambda: gone(cluster.client, f"/api/v1/namespaces/{namespace}/pods/{idle}"), timeout=60)
     assert busy in billing.running()
+    release_held(billing.handled_log, 1)
     eventually(lambda: billing.phases() == [(1, "started"), (1, "done")], timeout=40)
 
 

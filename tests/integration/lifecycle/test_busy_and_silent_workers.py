@@ -21,6 +21,7 @@ from tests.integration.lifecycle.fleet import (
     events_of,
     service,
 )
+from tests.support import rabbitmq
 from tests.support.kube import condition, eventually
 from tests.support.waiting import stays
 
@@ -216,7 +217,10 @@ def test_workers_without_heartbeats_on_split_queues_are_never_judged_on_silence_
         f"print(app.control.cancel_consumer({paid!r}, destination=['celery@billing-worker-b'], reply=True))"
     )
     b.run("from orders_app import order_paid\norder_paid(101)")
-    found = eventually(lambda: stuck(fleet), timeout=STUCK_AFTER_SECONDS + 4 * STATUS_INTERVAL_SECONDS + 10)
+    found = eventually(
+        lambda: stuck(fleet),
+        timeout=STUCK_AFTER_SECONDS + 4 * STATUS_INTERVAL_SECONDS + rabbitmq.STATS_LAG_SECONDS + 20,
+    )
     assert "billing-worker-b: consumes from no handler queue" in found["message"]
     eventually(lambda: fleet.pod("billing-worker-b") is None, timeout=20, message="the stuck pod was not evicted")
     assert fleet.pod("billing-worker-a") is not None

@@ -20,6 +20,7 @@ from tests.integration.lifecycle.fleet import (
     events_of,
     service,
 )
+from tests.support import rabbitmq
 from tests.support.kube import condition, eventually
 from tests.support.private_broker import PrivateRabbit
 from tests.support.waiting import stays
@@ -77,7 +78,7 @@ def test_a_worker_that_stops_consuming_is_reported_evicted_and_replaced_nothing_
         lambda: (
             condition(fleet.api, "WorkersHealthy").get("status") == "False" and condition(fleet.api, "WorkersHealthy")
         ),
-        timeout=STUCK_AFTER_SECONDS + 3 * STATUS_INTERVAL_SECONDS + 10,
+        timeout=STUCK_AFTER_SECONDS + 3 * STATUS_INTERVAL_SECONDS + rabbitmq.STATS_LAG_SECONDS + 20,
         message="the worker that consumes nothing was not reported",
     )
     assert stuck["reason"] == "WorkersStuck"

@@ -356,7 +356,8 @@ def test_a_flood_of_task_names_is_bounded_counted_and_reported_once_and_costs_no
         assert event["involvedObject"]["name"] == "billing"
         assert "500 kept" in event["message"], event["message"]
         seen = int(re.search(r"about ([\d,]+) task names", event["message"]).group(1).replace(",", ""))  # type: ignore[union-attr]
-        assert 4_500 <= seen <= 5_500, event["message"]
+        # Announced by the first status pass that sees the overflow, which may come while the flood is consumed.
+        assert 500 < seen <= 5_500, event["message"]
         publish_events(test_vhost_url, *(flood[start : start + 100] for start in range(0, 1_000, 100)))
         stays(lambda: len(reported()) == 1, seconds=3, message="the overflow was reported again")
     finally:

@@ -109,7 +109,8 @@ def test_a_resumed_replay_counts_only_what_it_moved_while_a_reader_holds_the_arc
         create_service(kube_api)
         ready(kube_api)
         ids = archive(test_vhost_url, {CREATED: 2000})
-        create_replay(kube_api, "everything", ratePerSecond=200)
+        # Slow enough that the kill lands before half moved, however late a loaded machine reads the status.
+        create_replay(kube_api, "everything", ratePerSecond=100)
         eventually(
             lambda: (replay_status(kube_api, "everything").get("replayed") or 0) >= 400,
             timeout=60,
@@ -145,8 +146,9 @@ def test_a_resumed_replay_counts_only_what_it_moved_while_a_reader_holds_the_arc
     assert succeeded(kube_api, "everything")["reason"] == "Replayed", status
     copies = Counter(m.headers["id"] for m in drain(test_vhost_url, f"billing.{CREATED}"))
     assert set(copies) == set(ids[CREATED]), "0 lost"
-    # Copies are confirmed in batches at most CONFIRM_SECONDS old: at 200/s about 11 may be in flight at the kill.
-    assert sum(count - 1 for count in copies.values()) <= 200 * operations.CONFIRM_SECONDS + 2, "at most a batch twice"
+    # A kill between a batch's confirm and its acknowledgements leaves that batch both archived and replayed: at most
+    # CONFIRM_BATCH (how many its age bound holds depends on the machine's speed, not on the rate asked).
+    assert sum(count - 1 for count in copies.values()) <= operations.CONFIRM_BATCH, "at most a batch twice"
     assert depth(test_vhost_url, "billing:archived") == 0
     assert counts(status) == (2000, 2000, 0, 0)
 
@@ -160,7 +162,7 @@ def test_a_replay_whose_service_is_deleted_stops_and_says_so(
         create_service(kube_api)
         ready(kube_api)
         ids = archive(test_vhost_url, {CREATED: 3000})
-        create_replay(kube_api, "everything", ratePerSecond=200)
+        create_replay(kube_api, "everything", ratePerSecond=100)  # 30 s: the deletion comes well before the end
         eventually(
             lambda: (replay_status(kube_api, "everything").get("replayed") or 0) >= 300,
             timeout=60,

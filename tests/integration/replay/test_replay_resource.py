@@ -280,7 +280,7 @@ def test_refused_and_held_replays_touch_nothing(
             "spec": {**service()["spec"], "serviceName": "broken", "broker": {"secretRef": {"name": "missing"}}},
         },
     )
-    create_replay(kube_api, "slow", filter={"events": [CREATED]}, ratePerSecond=10)  # 20 s: still running at the end
+    create_replay(kube_api, "slow", filter={"events": [CREATED]}, ratePerSecond=2)  # 100 s: still running at the end
     eventually(lambda: succeeded(kube_api, "slow").get("reason") == "Running", timeout=30, message="slow not running")
     create_replay(kube_api, "second", filter={"events": [CANCELLED]})
     create_replay(kube_api, "elsewhere", namespace="shop")

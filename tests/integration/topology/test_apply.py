@@ -102,7 +102,7 @@ def test_event_lands_in_its_queue_and_a_reject_returns_after_one_second(connecti
     channel.basic_reject(message.delivery_tag, requeue=False)
     returned = get(channel, f"billing.{EVENT}")
     elapsed = time.monotonic() - rejected_at
-    assert 0.9 <= elapsed < 3, f"came back after {elapsed:.2f}s"
+    assert 0.9 <= elapsed < 10, f"came back after {elapsed:.2f}s"  # never early; a loaded machine may be late
     hops = [(death["queue"], death["reason"]) for death in returned.headers["x-death"]]
     assert hops == [("billing:retry", "expired"), (f"billing.{EVENT}", "rejected")]
     assert returned.delivery_info["routing_key"] == EVENT
@@ -112,9 +112,9 @@ def test_last_retry_level_returns_after_its_delay(connection: Connection, channe
     apply.apply(connection, plan.plan("billing", spec(retry={"maxRetries": 2})))
     sent_at = time.monotonic()
     publish(channel, "billing:retry.1", EVENT)  # how a runtime schedules attempt 2: 2^1 s
-    get(channel, f"billing.{EVENT}", timeout=6)
+    get(channel, f"billing.{EVENT}")
     elapsed = time.monotonic() - sent_at
-    assert 1.9 <= elapsed < 4, f"came back after {elapsed:.2f}s"
+    assert 1.9 <= elapsed < 10, f"came back after {elapsed:.2f}s"  # never early; a loaded machine may be late
 
 
 def test_quorum_delivery_limit_sends_a_poison_message_to_the_archive(connection: Connection, channel: Any) -> None:

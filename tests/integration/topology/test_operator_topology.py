@@ -83,7 +83,7 @@ def test_hand_deleted_queue_is_back_within_a_resync(
             return False
         return True
 
-    eventually(declared, timeout=RESYNC * 5, message="the queue did not come back")
+    eventually(declared, timeout=RESYNC * 5 + 15, message="the queue did not come back")  # a loaded machine: later
 
 
 def test_counters_follow_the_queues(kube_api: EmulatedApi, running: OperatorProcess, channel: Any) -> None:
@@ -131,7 +131,7 @@ def test_archive_length_change_recreates_empty_and_reports_full(
     assert channel.queue_declare("billing:archived", passive=True).message_count == 1
 
     channel.basic_get("billing:archived", no_ack=True)  # drained: now it can be recreated
-    eventually(lambda: condition(kube_api, "TopologyReady").get("status") == "True", timeout=RESYNC * 5)
+    eventually(lambda: condition(kube_api, "TopologyReady").get("status") == "True", timeout=RESYNC * 5 + 15)
     assert len(events(kube_api, "ArgumentMismatch")) == 1, "one Event per failure, not one per resync"
 
 
