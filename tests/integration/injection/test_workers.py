@@ -176,7 +176,7 @@ def test_failures_are_retried_on_the_broker_after_1_2_4_seconds(
     gaps = [later["at"] - earlier["at"] for earlier, later in itertools.pairwise(attempts)]
     for gap, expected in zip(gaps, (1, 2, 4), strict=True):
         # Never early; late by the way back through the broker and the worker (more on a busy machine).
-        assert expected - 0.2 <= gap <= expected + 1.0, f"redelivered after {gaps}, expected 1, 2, 4 s"
+        assert expected - 0.2 <= gap <= expected + 2.0, f"redelivered after {gaps}, expected 1, 2, 4 s"
     assert archived(test_vhost_url) == []
 
 

@@ -21,7 +21,7 @@ from tests.support.waiting import stays
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENT = "/apis/apps/v1/namespaces/default/deployments/billing-worker"
 QUEUE = "billing.orders.order.created"
-WINDOW = 6
+WINDOW = 12
 
 
 def service(**autoscaling: Any) -> dict[str, Any]:
@@ -95,13 +95,15 @@ def test_backlog_scales_up_holds_through_the_window_then_down(
     kube_api.client.create(CES, service())
     eventually(lambda: topology_ready(kube_api), timeout=20)
     eventually(lambda: kube_api.client.get(CES + "/billing").get("status", {}).get("queueLength") == 0, timeout=5)
-    eventually(lambda: replicas(kube_api) == 1, timeout=10, message="an idle service did not go to minReplicas")
+    eventually(
+        lambda: replicas(kube_api) == 1, timeout=WINDOW + 10, message="an idle service did not go to minReplicas"
+    )
 
     publish(test_vhost_url, 500)
     # Within about one interval of the broker's statistics showing the backlog (and margin for a busy machine).
     eventually(
         lambda: replicas(kube_api) == 5,
-        timeout=2 + STATS_LAG_SECONDS + 5,
+        timeout=2 + STATS_LAG_SECONDS + 15,
         message="500 messages did not make 5 workers",
     )
     # The workload is scaled before the status is written: wait for that write too.
@@ -118,14 +120,14 @@ def test_backlog_scales_up_holds_through_the_window_then_down(
     eventually(
         lambda: kube_api.client.get(CES + "/billing")["status"]["queueLength"] == 0, timeout=5 + STATS_LAG_SECONDS
     )
-    # The last recommendation of 5 is at most an interval (1 s) older than this, plus the pass's own time:
-    # scaling down is legitimate from about WINDOW - 2 s on; held for WINDOW - 3 s (a second's margin).
+    # The last recommendation of 5 is at most an interval (1 s) older than this, plus the pass's own time and the
+    # status read's lag (seconds on a loaded machine): held for half the window.
     stays(
         lambda: replicas(kube_api) == 5,
-        seconds=WINDOW - 3,
+        seconds=WINDOW / 2,
         message="scaled down inside the stabilization window",
     )
-    eventually(lambda: replicas(kube_api) == 1, timeout=WINDOW + 4, message="never scaled down after the window")
+    eventually(lambda: replicas(kube_api) == 1, timeout=WINDOW + 10, message="never scaled down after the window")
     eventually(
         lambda: {"from 1 to 5", "from 5 to 1"} <= scaled_changes(kube_api),
         timeout=5,
