@@ -70,6 +70,14 @@ AUDIT_POLICY = {
 STATE_FILE = "state.json"
 
 
+# How many times a start picks its ports again after a component found one taken.
+PORT_ATTEMPTS = 3
+
+
+class PortTakenError(RuntimeError):
+    """A component exited because a port picked for it was bound by another process meanwhile."""
+
+
 def free_port() -> int:
     # Below the kernel's ephemeral range: a port it hands out may be taken by an outgoing connection meanwhile.
     for port in random.sample(range(20000, 32000), 200):
@@ -218,8 +226,18 @@ class ControlPlane:
     # -- starting ---------------------------------------------------------------------------------------------
 
     def start(self, timeout: float = 120) -> ControlPlane:
+        """Started on free ports, picked again when one was taken before a component bound it (a port is free
+        when it is picked: another process, such as another test process's control plane, may bind it first)."""
         binaries = self.binaries or build()
+        for _ in range(PORT_ATTEMPTS - 1):
+            with contextlib.suppress(PortTakenError):
+                return self._start(binaries, timeout)
+        return self._start(binaries, timeout)
+
+    def _start(self, binaries: pathlib.Path, timeout: float) -> ControlPlane:
         self.directory.mkdir(parents=True, exist_ok=True)
+        for log in self.directory.glob("*.log"):  # a failed attempt's: what the next one says is its own
+            log.unlink()
         pki = _Pki(self.directory / "pki")
         api_port, etcd_port, peer_port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{api_port}"
@@ -325,7 +343,8 @@ class ControlPlane:
             for name, pid in self.pids.items():
                 if not _alive(pid):
                     log = (self.directory / f"{name}.log").read_text(errors="replace")[-4000:]
-                    raise RuntimeError(f"{name} exited:\n{log}")
+                    failure = PortTakenError if "address already in use" in log else RuntimeError
+                    raise failure(f"{name} exited:\n{log}")
             try:
                 if self.get("/readyz") == "ok":
                     return

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 
+import pytest
+
+from celery_event_devcluster import controlplane
 from celery_event_devcluster.controlplane import ControlPlane
 from tests.support.cluster import Cluster
 
@@ -39,3 +43,23 @@ def test_cluster_up_prints_its_kubeconfig_last_and_down_removes_it(tmp_path: pat
     assert not directory.exists()
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "zombie" in pathlib.Path(f"/proc/{pid}/status").read_text()
+
+
+def test_a_port_taken_before_etcd_binds_it_is_picked_again(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port is free when it is picked, not when it is bound: a CI run's control plane failed to start when another
+    test process bound etcd's port first. Here the first port picked is held by a listening socket."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        real = controlplane.free_port
+        picks = [real(), taken]  # the API server's, then etcd's client port
+        monkeypatch.setattr(controlplane, "free_port", lambda: picks.pop(0) if picks else real())
+        plane = ControlPlane(tmp_path / "controlplane").start()
+        try:
+            assert plane.get("/readyz") == "ok"
+            assert str(taken) not in plane.url
+        finally:
+            plane.stop()
