@@ -21,9 +21,6 @@ import tempfile
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from tests.support import bad_minute, bench
-from tests.support.kube import EmulatedApi
-
-from celery_event_operator.core.api import crd
 
 
 def main() -> None:
@@ -34,10 +31,8 @@ def main() -> None:
         with (
             bench.broker_vhost() as (management, vhost, vhost_url),
             tempfile.TemporaryDirectory(prefix="ceo-bench-") as workdir,
-            EmulatedApi(pathlib.Path(workdir) / "kubeconfig") as api,
+            bench.emulated_cluster(pathlib.Path(workdir), vhost_url) as api,
         ):
-            for definition in crd.custom_resource_definitions():
-                api.client.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition)
             outcome = bad_minute.run(api, vhost_url, vhost, management, pathlib.Path(workdir))
             print(
                 f"run {index + 1}/{runs}: {outcome.webhook_figures()}; faults {dict(outcome.proxy.counts)}; "
