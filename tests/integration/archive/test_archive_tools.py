@@ -20,6 +20,7 @@ from celery_event_operator.adapters.archive import operations
 from celery_event_operator.adapters.topology import apply
 from celery_event_operator.core import naming
 from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.archive.messages import Selection
 from celery_event_operator.core.topology import plan
 from tests.conftest import create_broker_secret
 from tests.support.kube import EmulatedApi, eventually
@@ -263,3 +264,23 @@ def test_a_reader_that_goes_away_ends_the_listing_quietly(archive: dict[str, lis
     assert len(piped.stdout.splitlines()) == 3
     assert "Traceback" not in piped.stderr
     assert "BrokenPipe" not in piped.stderr
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_count_begun_just_after_a_walk_sees_the_whole_archive(test_vhost_url: str, queue_type: str) -> None:
+    """The broker puts back what a walk held a moment after its channel closed (a quorum archive of 20,000 was empty
+    just after): a count begun then saw part of the archive, or none of it, as all there was — and a replay that
+    trusted it ended `Replayed` with nothing moved."""
+    spec = {**SPEC, "queueType": queue_type, "archive": {"maxLength": 20_000}}
+    with Connection(test_vhost_url) as connection:
+        apply.apply(connection, plan.plan("billing", parse_spec(spec)))
+        channel = connection.channel()
+        for order_id in range(5000):
+            event = CREATED if order_id % 10 < 3 else CANCELLED
+            headers = {"task": event, "id": str(order_id), naming.ARCHIVED_AT_HEADER: 1_700_000_000.0}
+            message = amqp.Message("[[], {}, {}]", application_headers=headers, delivery_mode=2)
+            channel.basic_publish(message, exchange=naming.archive_name("billing"), routing_key=event)
+        eventually(lambda: depth(test_vhost_url, naming.archive_name("billing")) == 5000, timeout=30)
+        created = Selection(events=frozenset({CREATED}))
+        counts = [operations.survey(connection, "billing", created) for _ in range(6)]
+    assert [(count.archived, count.matched) for count in counts] == [(5000, 1500)] * 6
