@@ -263,7 +263,9 @@ class ReplayKeeper:
                 began.service_name,
                 replay.selection(began.started_at),
                 purge=replay.purge,
-                limit=max(0, replay.target(began.matched) - before),
+                # Without a limit of its own it walks to the end: what it takes is what its selection takes, and a
+                # walk over all of the archive is what lets it end without looking again (runner.seen_after_move).
+                limit=None if replay.spec.limit is None else max(0, replay.target(began.matched) - before),
                 rate=replay.spec.rate_per_second,
             )
         )

@@ -26,18 +26,42 @@ from celery_event_operator.core.archive.messages import Selection
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import BrokerRefusedError, BrokerUnavailableError, ManagementUnavailableError
 from celery_event_operator.core.replay.conclusion import ArchiveSeen
+from celery_event_operator.core.replay.slots import Key, archive_key
 
 T = TypeVar("T")
 # The messages a replay holds unacknowledged go back to the archive once the broker drops its connection: at once
 # when the operator's process dies, within two heartbeats when its node does.
 HEARTBEAT_SECONDS = 30.0
 # The management API's counts are the broker's statistics, refreshed every few seconds (collect_statistics_interval,
-# 5 s by default; seen 7.8 s late on a loaded broker): they may still show what this runner's own walk held a moment
-# ago. A count of held messages is taken once its ready count agrees with the broker's own (passive declare), and a
-# count above zero only once the statistics were surely refreshed since this runner let go of the archive; asked up
-# to STATISTICS_ATTEMPTS times a second apart.
+# 5 s by default; seen 7.8 s late on a loaded broker): for a while after this process let go of an archive they may
+# still show what it held. A count of held messages is taken once its ready count agrees with the broker's own
+# (passive declare), and a count above zero only once the statistics were surely refreshed since this process let go
+# of the archive; asked up to STATISTICS_ATTEMPTS times a second apart.
 STATISTICS_SECONDS = 12.0
 STATISTICS_ATTEMPTS = 20
+# A count that was not given every message it expected (another client took some meanwhile, or they expired) is
+# taken again, up to this many times, before the replay says the archive is in use.
+COUNT_ATTEMPTS = 3
+
+
+class LetGo:
+    """When a walk of this process last let go of each archive (monotonic; whichever replay walked it): the
+    statistics may show that walk's messages as held until they were refreshed. Entries older than
+    STATISTICS_SECONDS tell nothing and are dropped."""
+
+    def __init__(self) -> None:
+        self._at: dict[Key, float] = {}
+
+    def now(self, key: Key) -> None:
+        now = time.monotonic()
+        self._at = {k: at for k, at in self._at.items() if now - at <= STATISTICS_SECONDS}
+        self._at[key] = now
+
+    def refreshed_since(self, key: Key) -> bool:
+        return time.monotonic() - self._at.get(key, -float("inf")) > STATISTICS_SECONDS
+
+
+LET_GO = LetGo()
 
 
 class ReplayRunner:
@@ -46,7 +70,7 @@ class ReplayRunner:
         self._tls = TlsFiles.of(material)
         self._control = ControlConnection(settings.address, self._tls, heartbeat=HEARTBEAT_SECONDS)
         self._settings = settings
-        self._let_go_at = -float("inf")  # when its last walk of the archive ended (monotonic)
+        self._counted: int | None = None  # what its last count of the archive selected
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display
         self.stop = threading.Event()
@@ -56,22 +80,30 @@ class ReplayRunner:
         try:
             return await self._run(lambda connection: operations.survey(connection, service, selection, keep))
         finally:
-            self._let_go_at = time.monotonic()
+            LET_GO.now(self._key(service))
 
     async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
-        """The archive counted, then what other clients hold of it (this runner holds nothing by then)."""
-        surveyed = await self.survey(service, selection, keep)
+        """What other clients hold of the archive, asked while this runner holds nothing; then, when they hold
+        nothing, the archive counted. A count not given every message it expected is taken again."""
+        self._counted = None
         held = await self._held_elsewhere(service)
-        return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
+        if held:
+            return ArchiveSeen(0, 0, held)
+        for _ in range(COUNT_ATTEMPTS):
+            surveyed = await self.survey(service, selection, keep)
+            if surveyed.seen == surveyed.archived:
+                self._counted = surveyed.matched
+                return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
+        return ArchiveSeen(surveyed.archived, surveyed.matched, surveyed.archived - surveyed.seen)
 
     async def seen_after_move(self, service: str) -> ArchiveSeen | None:
-        """The archive as the last move left it, when that move walked all of it once (what it saw, less what it
-        moved), and what other clients hold of it now; None when it must be walked again to be known."""
+        """The archive as the last move left it, without walking it again, when that move's one walk saw all of it
+        and selected as many events as the count before it: then no selected event was held elsewhere since that
+        count (which was taken when nothing was). None when it must be observed again."""
         tally = self.tally
-        if not tally.whole:
+        if not tally.whole or tally.selected != self._counted:
             return None
-        held = await self._held_elsewhere(service)
-        return ArchiveSeen(tally.archived - tally.done, tally.selected - tally.done, held)
+        return ArchiveSeen(tally.archived - tally.done, tally.selected - tally.done, 0)
 
     async def _held_elsewhere(self, service: str) -> int | None:
         """The archive's messages delivered to other clients and not acknowledged; None without a management API.
@@ -83,7 +115,7 @@ class ReplayRunner:
             for _ in range(STATISTICS_ATTEMPTS):
                 ready = await self._run(lambda connection: operations.archive_size(connection, service))
                 counts = await listing.queue(queue)
-                refreshed = time.monotonic() - self._let_go_at > STATISTICS_SECONDS
+                refreshed = LET_GO.refreshed_since(self._key(service))
                 if counts.ready == ready and (counts.unacknowledged == 0 or refreshed):
                     break
                 await asyncio.sleep(1.0)
@@ -93,6 +125,9 @@ class ReplayRunner:
             return None if counts is None else counts.unacknowledged
         finally:
             await listing.close()
+
+    def _key(self, service: str) -> Key:
+        return archive_key(self._settings.address, service)
 
     async def move(
         self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
@@ -114,7 +149,7 @@ class ReplayRunner:
         try:
             return await self._run(work)
         finally:
-            self._let_go_at = time.monotonic()
+            LET_GO.now(self._key(service))
 
     def halt(self) -> None:
         self.stop.set()
