@@ -169,7 +169,8 @@ def through_the_command_line(
     archived = fill(url, count, selected_only=selected_only)
     began = time.monotonic()
     subprocess.run(
-        [*COMMAND, "billing", "--broker-url", url, "--exception", EXCEPTIONS[0], "--rate", str(rate)],
+        [*COMMAND, "billing", "--broker-url", url, "--queue-type", queue_type]
+        + ["--exception", EXCEPTIONS[0], "--rate", str(rate)],
         check=True,
         capture_output=True,
     )
