@@ -1,19 +1,21 @@
 """List, replay and purge a service's archive (I/O with py-amqp through kombu).
 
 Reading never changes the archive. AMQP cannot browse a queue, so the tools consume messages without
-acknowledging them, on a channel of their own, and close it: the broker then returns every
+acknowledging them, on channels of their own, and close them: the broker then returns every
 unacknowledged message to its original position (measured on classic and quorum queues: order kept,
-bench/replay_speed.py). They consume (basic.consume, one consumer whose window covers the archive: see Walk),
+bench/replay_speed.py). They consume (basic.consume: one consumer whose window covers a quorum archive, a chain of
+consumers on as many channels for a classic one: see Walk),
 not one basic.get per message: a round trip per message made a replay of 20,000 archived events with 60 %
 passed over run at ~130/s. Nothing is acknowledged but what was replayed — after the broker confirmed the
 copies, confirmed in small batches — or purged, so a replay killed half-way leaves each message either still
 archived or replayed, with at most the batch in flight both (CONFIRM_BATCH, CONFIRM_SECONDS).
 
 A move holds the messages it passes over unacknowledged; RabbitMQ closes a channel whose deliveries
-stay unacknowledged longer than its `consumer_timeout` (30 min by default), and a prefetch count has 16 bits,
-so a long, rate-limited move (or one passing over more than PREFETCH_LIMIT messages) closes its channel every
-SEGMENT_SECONDS (or when its window is full) and walks the archive again from its head: what it moved is gone
-from there, what it passed over is passed over again.
+stay unacknowledged longer than its `consumer_timeout` (30 min by default), a prefetch count has 16 bits and a
+connection a bounded number of channels, so a long, rate-limited move (or one passing over more than a walk holds:
+PREFETCH_LIMIT, or WALK_CHANNELS x CHANNEL_SHARE on a classic archive) closes its channels every SEGMENT_SECONDS
+(or when its walk is full) and walks the archive again from its head: what it moved is gone from there, what it
+passed over is passed over again.
 """
 
 from __future__ import annotations
