@@ -213,8 +213,9 @@ def test_a_classic_replay_killed_half_way_with_arrivals_keeps_the_order_and_lose
         left = archived_ids(connection)
     assert set(handler_ids) | set(left) == set(order) | set(arrivals.ids), "each message archived or replayed"
     in_both = set(handler_ids) & set(left)
-    # Copies are confirmed in batches (at most CONFIRM_SECONDS old): at 100/s, about 5 may be both.
-    in_flight = 100 * operations.CONFIRM_SECONDS + 2
+    # Copies are confirmed in batches (what was taken within CONFIRM_SECONDS), and the pace may let a burst of
+    # CATCH_UP_SECONDS through after a stall (a run on a loaded machine had 10 both): at 100/s, about 15.
+    in_flight = 100 * (operations.CONFIRM_SECONDS + operations.CATCH_UP_SECONDS) + 2
     assert len(in_both) <= in_flight, "at most the batch in flight is both"
     assert left == [task_id for task_id in order if task_id in set(left)] + arrivals.ids, (
         "what stays in its original order, the arrivals after it"
