@@ -180,8 +180,9 @@ def through_the_command_line(
         apply.apply(connection, plan.plan("billing", parse_spec(spec(queue_type, max(10_000, count)))))
     archived = fill(url, count, selected_only=selected_only)
     began = time.monotonic()
+    replay = ("billing", "--broker-url", url, "--queue-type", queue_type, "--exception", EXCEPTIONS[0])
     subprocess.run(
-        [*COMMAND, "billing", "--broker-url", url, "--exception", EXCEPTIONS[0], "--rate", str(rate)],
+        [*COMMAND, *replay, "--rate", str(rate)],
         check=True,
         capture_output=True,
     )

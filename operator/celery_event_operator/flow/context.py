@@ -76,9 +76,9 @@ class Context:
         return context
 
     @staticmethod
-    def replay_broker(settings: BrokerSettings) -> ReplayRunner:
-        """A replay's own broker connection (and thread)."""
-        return ReplayRunner(settings)
+    def replay_broker(settings: BrokerSettings, queue_type: str) -> ReplayRunner:
+        """A replay's own broker connection (and thread), for an archive of this queue type."""
+        return ReplayRunner(settings, queue_type)
 
     @staticmethod
     def freeze_heap_later() -> None:

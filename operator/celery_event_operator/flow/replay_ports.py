@@ -66,6 +66,6 @@ class ReplayContext(Protocol):
     @property
     def brokers(self) -> BrokerSource: ...
 
-    def replay_broker(self, settings: BrokerSettings) -> ReplayBroker:
-        """A replay's own broker connection (and thread)."""
+    def replay_broker(self, settings: BrokerSettings, queue_type: str) -> ReplayBroker:
+        """A replay's own broker connection (and thread), for an archive of this queue type."""
         ...

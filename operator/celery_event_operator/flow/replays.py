@@ -141,7 +141,7 @@ class ReplayKeeper:
             await self._wait(replay, began, plan.WAITING_FOR_REPLAY, message)
             return False
         try:
-            runner = self.context.replay_broker(settings)
+            runner = self.context.replay_broker(settings, service_spec.queue_type)
             try:
                 return await self._drive(replay, began, service_name, runner)
             except ArchiveNotFoundError as exc:

@@ -100,7 +100,7 @@ def run(
 ) -> tuple[FakeKube, list[tuple[str, str]]]:
     kube = FakeKube(replay, service)
     context = types.SimpleNamespace(
-        cluster=kube, brokers=FakeBrokers(FakeBroker(SETTINGS)), replay_broker=lambda settings: broker
+        cluster=kube, brokers=FakeBrokers(FakeBroker(SETTINGS)), replay_broker=lambda settings, queue_type: broker
     )
     posted: list[tuple[str, str]] = []
     keeper = ReplayKeeper(

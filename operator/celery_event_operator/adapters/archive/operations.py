@@ -1,19 +1,21 @@
 """List, replay and purge a service's archive (I/O with py-amqp through kombu).
 
 Reading never changes the archive. AMQP cannot browse a queue, so the tools consume messages without
-acknowledging them, on a channel of their own, and close it: the broker then returns every
+acknowledging them, on channels of their own, and close them: the broker then returns every
 unacknowledged message to its original position (measured on classic and quorum queues: order kept,
-bench/replay_speed.py). They consume (basic.consume, one consumer whose window covers the archive: see Walk),
+bench/replay_speed.py). They consume (basic.consume: one consumer whose window covers a quorum archive, a chain of
+consumers on as many channels for a classic one: see Walk),
 not one basic.get per message: a round trip per message made a replay of 20,000 archived events with 60 %
 passed over run at ~130/s. Nothing is acknowledged but what was replayed — after the broker confirmed the
 copies, confirmed in small batches — or purged, so a replay killed half-way leaves each message either still
 archived or replayed, with at most the batch in flight both (CONFIRM_BATCH, CONFIRM_SECONDS).
 
 A move holds the messages it passes over unacknowledged; RabbitMQ closes a channel whose deliveries
-stay unacknowledged longer than its `consumer_timeout` (30 min by default), and a prefetch count has 16 bits,
-so a long, rate-limited move (or one passing over more than PREFETCH_LIMIT messages) closes its channel every
-SEGMENT_SECONDS (or when its window is full) and walks the archive again from its head: what it moved is gone
-from there, what it passed over is passed over again.
+stay unacknowledged longer than its `consumer_timeout` (30 min by default), a prefetch count has 16 bits and a
+connection a bounded number of channels, so a long, rate-limited move (or one passing over more than a walk holds:
+PREFETCH_LIMIT, or WALK_CHANNELS x CHANNEL_SHARE on a classic archive) closes its channels every SEGMENT_SECONDS
+(or when its walk is full) and walks the archive again from its head: what it moved is gone from there, what it
+passed over is passed over again.
 """
 
 from __future__ import annotations
@@ -30,11 +32,15 @@ from kombu.connection import Connection
 
 from celery_event_operator.core import naming
 from celery_event_operator.core.archive.messages import Archived, Selection, describe, replay_headers
-from celery_event_operator.core.errors import ArchiveNotFoundError, BrokerUnavailableError
+from celery_event_operator.core.errors import ArchiveNotFoundError, BrokerUnavailableError, UnsupportedOperationError
 
 Progress = Callable[[int, int | None], None]  # done, of how many (None: not counted yet)
 SEGMENT_SECONDS = 600.0
 PREFETCH_LIMIT = 65_535  # AMQP's prefetch count is a 16-bit number
+# On a classic archive a walk takes at most this many messages on one channel, then goes on on another (see Walk),
+# and opens at most WALK_CHANNELS channels: 102,400 messages a walk.
+CHANNEL_SHARE = 512
+WALK_CHANNELS = 200
 # Replayed copies are confirmed by the broker in batches of at most this many, or this old: one round trip per
 # batch instead of per message; a SIGKILL mid-batch replays at most the batch twice.
 CONFIRM_BATCH = 64
@@ -51,6 +57,8 @@ class Survey:
     archived: int  # messages in the archive
     matched: int  # of which the selection takes
     sample: list[Archived]  # the first matching ones, oldest first (as many as asked for)
+    # False when the walk ended short (window_full): the counts cover only the messages it saw
+    whole: bool = True
     seen: int = 0  # messages the walk was given: fewer than `archived` when another client took some meanwhile
 
 
@@ -76,6 +84,7 @@ class Summary:
     done: int = 0  # replayed or purged (or, with --dry-run, would be)
     unroutable: int = 0  # replay found no queue for it: it stays archived
     target: str = ""
+    whole: bool = True  # False when the count of what matched covers only the archive's first messages (at least)
 
 
 def _body(message: amqp.Message) -> bytes:
@@ -95,49 +104,115 @@ def _depth(channel: Any, queue: str) -> int:
 
 
 class Walk:
-    """Every message the archive held when the walk began, once, oldest first, left unacknowledged (on a channel of
-    its own: closing it puts back what was not acknowledged).
+    """Every message the archive held when the walk began, once, oldest first, left unacknowledged (on channels of
+    its own: closing them puts back what was not acknowledged).
 
-    One consumer whose prefetch window covers the archive (up to AMQP's 16-bit limit): what it passes over stays
-    unacknowledged and keeps its place. Consumers restarted with a smaller window lost the order on quorum queues
-    (measured: returned in another order); one consumer kept it on classic and quorum queues. A walk that passed
-    over a whole window ends short (`window_full`): the move walks again. Copies are published on another
-    connection (Confirmed), so the deliveries the broker sends ahead never hold up the publishing.
+    On a quorum archive (or one of unknown type): one consumer whose prefetch window covers the archive (up to
+    AMQP's 16-bit limit): what it passes over stays unacknowledged and keeps its place. Consumers restarted with a
+    smaller window lost the order on quorum queues (measured: returned in another order, and after a SIGKILL or a
+    channel closed mid-walk in no fixed order); one consumer kept it. A walk that passed over a whole window ends
+    short (`window_full`): the move walks again.
+
+    On a classic archive: a chain of channels, one consumer at a time. RabbitMQ finds an acknowledged delivery by
+    scanning its channel's unacknowledged deliveries from the oldest (rabbitmq-server#1511): one channel holding
+    every passed-over message made a selective replay O(selected x passed over). Each consumer's window is
+    min(CHANNEL_SHARE, what the walk began with less what earlier consumers took), so the chain's windows add up to
+    the archive's count when the walk began and the last consumer never takes a message that arrived after: those
+    stay in the archive, after what was there. A consumer is cancelled once its window is full, and nothing taken on
+    its channel is acknowledged before (an acknowledgement would open its window to one more message). Each message
+    is acknowledged on the channel it came on; what stays is put back channel by channel, oldest first. A classic
+    queue puts a returned message back at its original position (measured: order kept, also after a SIGKILL of
+    the walking process). A walk that would need more than WALK_CHANNELS channels ends short (`window_full`).
+
+    Copies are published on another connection (Confirmed), so the deliveries the broker sends ahead never hold up
+    the publishing.
     """
 
-    def __init__(self, connection: Connection, queue: str) -> None:
-        self.channel = connection.channel()
+    def __init__(self, connection: Connection, queue: str, queue_type: str | None = None) -> None:
+        self._connection = connection
+        first = connection.channel()
+        self.channels = [first]
         self.queue = queue
-        self.ready = _depth(self.channel, queue)  # what the walk takes: later arrivals are after the start
-        self.prefetch = max(1, min(PREFETCH_LIMIT, self.ready))
-        self.unacked = 0
+        self.ready = _depth(first, queue)  # what the walk takes: later arrivals are after the start
+        self.chained = queue_type == "classic"
         self.window_full = False
         self.received = 0
+        self._unacked = 0
         self._ticked = 0.0
         self._delivered: collections.deque[amqp.Message] = collections.deque()
-        self.channel.basic_qos(0, self.prefetch, False)
-        self.channel.basic_consume(queue, callback=self._delivered.append, no_ack=False)
+        self._held: dict[Any, set[int]] = {}  # each channel's delivery tags not acknowledged
+        self._consumer: tuple[Any, str] | None = None
+        self._window = self._taken = 0  # the current consumer's window, and what it took of it
+        self._taken_before = 0  # what the chain's earlier consumers took
+        # A connection has at most channel_max channels (2,047 by default on RabbitMQ; 0: no limit but the 16-bit
+        # channel number): leave some to its other uses.
+        channel_max = int(connection.connection.channel_max or 65_535)
+        self._most_channels = max(1, min(WALK_CHANNELS, channel_max - 16)) if self.chained else 1
+        self._consume(first)
+
+    def _consume(self, channel: Any) -> None:
+        share = CHANNEL_SHARE if self.chained else PREFETCH_LIMIT
+        self._window = max(1, min(share, self.ready - self._taken_before))
+        self._taken = 0
+        channel.basic_qos(0, self._window, False)
+        self._consumer = (channel, channel.basic_consume(self.queue, callback=self._deliver, no_ack=False))
+
+    def _deliver(self, message: amqp.Message) -> None:
+        self._taken += 1
+        self._held.setdefault(message.channel, set()).add(message.delivery_tag)
+        self._delivered.append(message)
+
+    def _next_consumer(self) -> None:
+        """Go on with a new consumer on a new channel, unless the walk has as many channels as it may open."""
+        if len(self.channels) < self._most_channels:
+            channel = self._connection.channel()
+            self.channels.append(channel)
+            self._consume(channel)
+
+    def _cancel(self) -> None:
+        assert self._consumer is not None
+        channel, tag = self._consumer
+        channel.basic_cancel(tag)
+        self._taken_before += self._taken
+        self._consumer = None
+
+    def _fill_window(self) -> bool:
+        """Wait until the current consumer's window is full; False when nothing more comes and nothing is ready
+        (the rest expired, or was taken by another client meanwhile)."""
+        while self._consumer is not None and self._taken < self._window:
+            if not self._drain(self._consumer[0]):
+                return False
+        return True
+
+    def _drain(self, channel: Any) -> bool:
+        """Wait for deliveries; False when none came and nothing is ready (a lazy queue may pause while it reads from
+        disk: only an empty archive ends the walk)."""
+        connection = channel.connection
+        self._tick(connection)
+        try:
+            connection.drain_events(timeout=IDLE_SECONDS)
+        except TimeoutError:
+            return _depth(channel, self.queue) > 0
+        return True
 
     def __iter__(self) -> Iterator[tuple[Archived, amqp.Message]]:
-        connection = self.channel.connection
         while self.received < self.ready:
+            if self.chained:
+                if self._consumer is not None and self._taken >= self._window:
+                    self._cancel()  # its window is full: nothing is in flight to it
+                if self._consumer is None and self._taken_before < self.ready:
+                    self._next_consumer()
             if not self._delivered:
-                if self.unacked >= self.prefetch:
+                if self._consumer is None or (not self.chained and self._unacked >= self._window):
                     self.window_full = True
                     return
-                self._tick(connection)
-                try:
-                    connection.drain_events(timeout=IDLE_SECONDS)
-                except TimeoutError:
-                    # A lazy queue may pause while it reads from disk: the walk ends only when nothing is ready
-                    # (the rest expired, or was taken by another client meanwhile).
-                    if _depth(self.channel, self.queue) == 0:
-                        return
+                if not self._drain(self._consumer[0]):
+                    return
                 continue
             message = self._delivered.popleft()
             position = self.received
             self.received += 1
-            self.unacked += 1
+            self._unacked += 1
             properties = dict(message.properties)
             yield (
                 describe(
@@ -159,35 +234,48 @@ class Walk:
             connection.heartbeat_tick()
 
     def ack(self, message: amqp.Message) -> None:
-        self.channel.basic_ack(message.delivery_tag)
-        self.unacked -= 1
+        channel = message.channel  # acknowledged on the channel it came on: delivery tags are per channel
+        if self.chained and self._consumer is not None and channel is self._consumer[0]:
+            # An acknowledgement would open the current consumer's window to a message beyond its share (the last
+            # one's: an arrival after the walk began): it takes its whole window and is cancelled first.
+            self._fill_window()
+            self._cancel()
+        channel.basic_ack(message.delivery_tag)
+        self._held[channel].discard(message.delivery_tag)
+        self._unacked -= 1
 
     def close(self) -> None:
-        """What was not acknowledged goes back to its place in the archive — a moment after its channel closed
-        (measured on a quorum archive: empty just after, 20,000 back a few milliseconds later): a walk that began
-        then would see part of the archive, or none of it, as all there is. So it waits, RETURN_SECONDS at most, until
-        the archive holds them again (arrivals only add to it; another client may take some meanwhile)."""
-        held, connection = self.unacked, self.channel.connection
-        if not held:
-            self.channel.close()
-            return
+        """Put back what was not acknowledged. On a chain: the current consumer cancelled first (what is returned
+        would be delivered to it again), then channel by channel, oldest first: each channel's deliveries returned
+        at once (basic.nack, multiple, requeue), then the channel closed."""
+        if self._consumer is not None and self.chained:
+            self._cancel()  # deliveries in flight come before its cancel-ok: none after
+        returning = sum(len(held) for held in self._held.values())
         try:
-            expected = _depth(self.channel, self.queue) + held  # ready meanwhile (arrivals), and what it gives back
+            expected = _depth(self.channels[0], self.queue) + returning if returning else 0
         except (amqp.exceptions.AMQPError, OSError):
             expected = 0  # the connection failed: the broker puts them back when it drops it
-        self.channel.close()
+        for channel in self.channels:
+            held = self._held.get(channel)
+            if held and self.chained:
+                channel.send_method(amqp.spec.Basic.Nack, "Lbb", (max(held), True, True))  # py-amqp has no basic_nack
+            channel.close()
         if expected:
-            _wait_for(connection, self.queue, expected)
+            self._wait_for_returns(expected)
 
-
-def _wait_for(connection: Any, queue: str, count: int) -> None:
-    channel = connection.channel()
-    try:
-        deadline = time.monotonic() + RETURN_SECONDS
-        while _depth(channel, queue) < count and time.monotonic() < deadline:
-            time.sleep(RETURN_POLL_SECONDS)
-    finally:
-        channel.close()
+    def _wait_for_returns(self, expected: int) -> None:
+        """The broker puts returned messages back a moment after the channels closed (measured: 4,608 of 20,000
+        back just after 40 classic channels closed; a quorum archive of 20,000 empty just after its one channel
+        closed): a walk that follows at once would see part of the archive, or none of it, as all there is. Waits, a
+        bounded time, until the archive holds them (arrivals only add to it; another client may take some
+        meanwhile)."""
+        channel = self._connection.channel()
+        try:
+            deadline = time.monotonic() + RETURN_SECONDS
+            while _depth(channel, self.queue) < expected and time.monotonic() < deadline:
+                time.sleep(RETURN_POLL_SECONDS)
+        finally:
+            channel.close()
 
 
 def archive_size(connection: Connection, service: str) -> int:
@@ -198,17 +286,27 @@ def archive_size(connection: Connection, service: str) -> int:
         channel.close()
 
 
-def list_archive(connection: Connection, service: str, selection: Selection) -> list[Archived]:
-    walk = Walk(connection, naming.archive_name(service))
+@dataclasses.dataclass
+class Listing:
+    items: list[Archived]  # the matching ones, oldest first
+    whole: bool  # False when the walk ended short (window_full): only the archive's first messages were seen
+    seen: int  # messages the walk saw
+
+
+def list_archive(connection: Connection, service: str, selection: Selection, queue_type: str | None = None) -> Listing:
+    walk = Walk(connection, naming.archive_name(service), queue_type)
     try:
-        return [item for item, _ in walk if selection.matches(item)]
+        items = [item for item, _ in walk if selection.matches(item)]
     finally:
         walk.close()  # nothing was acknowledged: every message goes back where it was
+    return Listing(items, not walk.window_full, walk.received)
 
 
-def survey(connection: Connection, service: str, selection: Selection, keep: int = 0) -> Survey:
+def survey(
+    connection: Connection, service: str, selection: Selection, keep: int = 0, queue_type: str | None = None
+) -> Survey:
     """How many archived messages the selection takes, and the first `keep` of them; changes nothing."""
-    walk = Walk(connection, naming.archive_name(service))
+    walk = Walk(connection, naming.archive_name(service), queue_type)
     found = Survey(archived=walk.ready, matched=0, sample=[])
     try:
         for item, _ in walk:
@@ -216,9 +314,9 @@ def survey(connection: Connection, service: str, selection: Selection, keep: int
                 found.matched += 1
                 if len(found.sample) < keep:
                     found.sample.append(item)
-        found.seen = walk.received
     finally:
         walk.close()  # nothing was acknowledged: every message goes back where it was
+    found.whole, found.seen = not walk.window_full, walk.received
     return found
 
 
@@ -316,8 +414,10 @@ class _Pass:
         route: Callable[[str], tuple[str, str]] | None,
         tally: Tally,
         progress: Callable[[Tally], None] | None,
+        *,
+        queue_type: str | None,
     ) -> None:
-        self.walk = Walk(connection, queue)
+        self.walk = Walk(connection, queue, queue_type)
         self._publisher = Confirmed(connection) if route is not None else None
         self._route = route
         self._tally = tally
@@ -377,11 +477,13 @@ def move(
     tally: Tally | None = None,
     stop: threading.Event | None = None,
     progress: Callable[[Tally], None] | None = None,
+    queue_type: str | None = None,
 ) -> Tally:
     """Replay (or purge) the selected archived messages, oldest first, at most `limit` of them, until `stop`.
 
     A replayed message is acknowledged only once the broker confirmed its copy; one that no queue takes
-    (mandatory publish returned) stays archived and is counted as unroutable.
+    (mandatory publish returned) stays archived and is counted as unroutable. `queue_type` is the archive's
+    ("classic" walks it on a chain of channels; None, unknown: the one-channel walk that keeps any archive's order).
     """
     tally = tally if tally is not None else Tally()
     stop = stop or threading.Event()
@@ -391,7 +493,7 @@ def move(
     walked_to_the_end = False
     passes = 0
     while not walked_to_the_end and not stop.is_set() and (limit is None or tally.done < limit):
-        one = _Pass(connection, queue, route, tally, progress)
+        one = _Pass(connection, queue, route, tally, progress, queue_type=queue_type)
         passes += 1
         segment_ends = time.monotonic() + SEGMENT_SECONDS
         selected = 0
@@ -439,6 +541,7 @@ def replay(
     dry_run: bool = False,
     rate: float | None = None,
     progress: Progress | None = None,
+    queue_type: str | None = None,
 ) -> Summary:
     """The command line's replay: what was archived when it started and is selected, at most `limit`.
 
@@ -454,7 +557,7 @@ def replay(
         channel.close()
     total: int | None = None
     if dry_run or limit is not None:
-        surveyed = survey(connection, service, selection)
+        surveyed = _whole(survey(connection, service, selection, queue_type=queue_type))
         summary.archived, summary.matched = surveyed.archived, surveyed.matched
         total = surveyed.matched if limit is None else min(limit, surveyed.matched)
     if dry_run:
@@ -467,15 +570,29 @@ def replay(
         limit=limit,
         rate=rate,
         progress=None if progress is None else lambda tally: progress(tally.done, total),
+        queue_type=queue_type,
     )
     summary.done, summary.unroutable = tally.done, tally.unroutable
     if total is None:
-        left = tally.selected - tally.done if tally.whole else survey(connection, service, selection).matched
+        if tally.whole:
+            left = tally.selected - tally.done
+        else:
+            surveyed = survey(connection, service, selection, queue_type=queue_type)
+            left, summary.whole = surveyed.matched, surveyed.whole
         summary.matched = tally.done + left
     return summary
 
 
-def purge(connection: Connection, service: str, selection: Selection) -> Summary:
+def _whole(surveyed: Survey) -> Survey:
+    if not surveyed.whole:
+        raise UnsupportedOperationError(
+            f"the archive holds more messages than one walk can count ({surveyed.archived}; a walk ended after "
+            "the first ones): replay without --limit or --dry-run, or narrow the archive first"
+        )
+    return surveyed
+
+
+def purge(connection: Connection, service: str, selection: Selection, queue_type: str | None = None) -> Summary:
     queue = naming.archive_name(service)
     summary = Summary(archived=archive_size(connection, service))
     if selection.everything:
@@ -485,6 +602,6 @@ def purge(connection: Connection, service: str, selection: Selection) -> Summary
         finally:
             channel.close()
         return summary
-    tally = move(connection, service, selection, purge=True)
+    tally = move(connection, service, selection, purge=True, queue_type=queue_type)
     summary.matched = summary.done = tally.done
     return summary

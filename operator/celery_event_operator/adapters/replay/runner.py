@@ -24,7 +24,12 @@ from celery_event_operator.adapters.broker.tls import TlsFiles
 from celery_event_operator.core import naming
 from celery_event_operator.core.archive.messages import Selection
 from celery_event_operator.core.broker.settings import BrokerSettings
-from celery_event_operator.core.errors import BrokerRefusedError, BrokerUnavailableError, ManagementUnavailableError
+from celery_event_operator.core.errors import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    ManagementUnavailableError,
+    UnsupportedOperationError,
+)
 from celery_event_operator.core.replay.conclusion import ArchiveSeen
 from celery_event_operator.core.replay.slots import Key, archive_key
 
@@ -65,11 +70,12 @@ LET_GO = LetGo()
 
 
 class ReplayRunner:
-    def __init__(self, settings: BrokerSettings) -> None:
+    def __init__(self, settings: BrokerSettings, queue_type: str | None = None) -> None:
         material = settings.tls
         self._tls = TlsFiles.of(material)
         self._control = ControlConnection(settings.address, self._tls, heartbeat=HEARTBEAT_SECONDS)
         self._settings = settings
+        self._queue_type = queue_type  # the archive's: how it is walked (operations.Walk)
         self._counted: int | None = None  # what its last count of the archive selected
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display
@@ -78,7 +84,9 @@ class ReplayRunner:
 
     async def survey(self, service: str, selection: Selection, keep: int = 0) -> operations.Survey:
         try:
-            return await self._run(lambda connection: operations.survey(connection, service, selection, keep))
+            return await self._run(
+                lambda connection: operations.survey(connection, service, selection, keep, self._queue_type)
+            )
         finally:
             LET_GO.now(self._key(service))
 
@@ -91,6 +99,11 @@ class ReplayRunner:
             return ArchiveSeen(0, 0, held)
         for _ in range(COUNT_ATTEMPTS):
             surveyed = await self.survey(service, selection, keep)
+            if not surveyed.whole:
+                raise UnsupportedOperationError(
+                    f"the archive holds more messages than one walk can count ({surveyed.archived}; the walk ended "
+                    "after the first ones), so what a replay would take is not known"
+                )
             if surveyed.seen == surveyed.archived:
                 self._counted = surveyed.matched
                 return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
@@ -143,7 +156,15 @@ class ReplayRunner:
                 # whether the last acknowledgement arrived is unknown, so the replay resumes through a recount.
                 raise BrokerUnavailableError(f"the connection to the broker at {self.display} was lost mid-way")
             return operations.move(
-                connection, service, selection, purge=purge, limit=limit, rate=rate, tally=self.tally, stop=self.stop
+                connection,
+                service,
+                selection,
+                purge=purge,
+                limit=limit,
+                rate=rate,
+                tally=self.tally,
+                stop=self.stop,
+                queue_type=self._queue_type,
             )
 
         try:
