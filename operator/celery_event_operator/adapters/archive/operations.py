@@ -128,12 +128,17 @@ class Walk:
     the publishing.
     """
 
-    def __init__(self, connection: Connection, queue: str, queue_type: str | None = None) -> None:
+    def __init__(
+        self, connection: Connection, queue: str, queue_type: str | None = None, bound: int | None = None
+    ) -> None:
         self._connection = connection
         first = connection.channel()
         self.channels = [first]
         self.queue = queue
-        self.ready = _depth(first, queue)  # what the walk takes: later arrivals are after the start
+        # What the walk takes: later arrivals are after the start. With a bound, only the archive's first `bound`
+        # messages (a replay's: what the archive held when it began, less what it moved — arrivals are after).
+        depth = _depth(first, queue)
+        self.ready = depth if bound is None else max(0, min(depth, bound))
         self.chained = queue_type == "classic"
         self.window_full = False
         self.received = 0
@@ -303,10 +308,17 @@ def list_archive(connection: Connection, service: str, selection: Selection, que
 
 
 def survey(
-    connection: Connection, service: str, selection: Selection, keep: int = 0, queue_type: str | None = None
+    connection: Connection,
+    service: str,
+    selection: Selection,
+    keep: int = 0,
+    queue_type: str | None = None,
+    *,
+    bound: int | None = None,
 ) -> Survey:
-    """How many archived messages the selection takes, and the first `keep` of them; changes nothing."""
-    walk = Walk(connection, naming.archive_name(service), queue_type)
+    """How many archived messages the selection takes (of the first `bound`), and the first `keep` of them; changes
+    nothing."""
+    walk = Walk(connection, naming.archive_name(service), queue_type, bound)
     found = Survey(archived=walk.ready, matched=0, sample=[])
     try:
         for item, _ in walk:
@@ -416,8 +428,9 @@ class _Pass:
         progress: Callable[[Tally], None] | None,
         *,
         queue_type: str | None,
+        bound: int | None,
     ) -> None:
-        self.walk = Walk(connection, queue, queue_type)
+        self.walk = Walk(connection, queue, queue_type, bound)
         self._publisher = Confirmed(connection) if route is not None else None
         self._route = route
         self._tally = tally
@@ -478,8 +491,10 @@ def move(
     stop: threading.Event | None = None,
     progress: Callable[[Tally], None] | None = None,
     queue_type: str | None = None,
+    bound: int | None = None,
 ) -> Tally:
-    """Replay (or purge) the selected archived messages, oldest first, at most `limit` of them, until `stop`.
+    """Replay (or purge) the selected archived messages, oldest first, at most `limit` of them, until `stop`;
+    with a `bound`, only among the archive's first `bound` messages.
 
     A replayed message is acknowledged only once the broker confirmed its copy; one that no queue takes
     (mandatory publish returned) stays archived and is counted as unroutable. `queue_type` is the archive's
@@ -493,7 +508,9 @@ def move(
     walked_to_the_end = False
     passes = 0
     while not walked_to_the_end and not stop.is_set() and (limit is None or tally.done < limit):
-        one = _Pass(connection, queue, route, tally, progress, queue_type=queue_type)
+        # What was moved left the archive's first `bound` messages: the rest of them are the first bound - done.
+        left = None if bound is None else bound - tally.done
+        one = _Pass(connection, queue, route, tally, progress, queue_type=queue_type, bound=left)
         passes += 1
         segment_ends = time.monotonic() + SEGMENT_SECONDS
         selected = 0

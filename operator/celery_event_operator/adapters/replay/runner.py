@@ -44,9 +44,6 @@ HEARTBEAT_SECONDS = 30.0
 # of the archive; asked up to STATISTICS_ATTEMPTS times a second apart.
 STATISTICS_SECONDS = 12.0
 STATISTICS_ATTEMPTS = 20
-# A count that was not given every message it expected (another client took some meanwhile, or they expired) is
-# taken again, up to this many times, before the replay says the archive is in use.
-COUNT_ATTEMPTS = 3
 
 
 class LetGo:
@@ -77,37 +74,46 @@ class ReplayRunner:
         self._settings = settings
         self._queue_type = queue_type  # the archive's: how it is walked (operations.Walk)
         self._counted: int | None = None  # what its last count of the archive selected
+        # The archive's first messages that are the replay's: what its last count saw, less what it moved since.
+        # Later counts and moves look at those only: an event archived meanwhile is after them, even when its
+        # archived-at header (a worker's clock) says it was archived before the replay started.
+        self._originals: int | None = None
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display
         self.stop = threading.Event()
         self.tally = operations.Tally()  # the move's progress, read by the event loop while the thread writes it
 
-    async def survey(self, service: str, selection: Selection, keep: int = 0) -> operations.Survey:
+    async def survey(
+        self, service: str, selection: Selection, keep: int = 0, bound: int | None = None
+    ) -> operations.Survey:
         try:
             return await self._run(
-                lambda connection: operations.survey(connection, service, selection, keep, self._queue_type)
+                lambda connection: operations.survey(
+                    connection, service, selection, keep, self._queue_type, bound=bound
+                )
             )
         finally:
             LET_GO.now(self._key(service))
 
     async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
         """What other clients hold of the archive, asked while this runner holds nothing; then, when they hold
-        nothing, the archive counted. A count not given every message it expected is taken again."""
+        nothing, the archive counted. A count not given every message the archive held when it began says the
+        difference is held elsewhere: another client took them meanwhile (as a `basic.get` does, unseen by the
+        statistics asked a moment before), so the next look asks the statistics again once they are refreshed."""
         self._counted = None
         held = await self._held_elsewhere(service)
         if held:
             return ArchiveSeen(0, 0, held)
-        for _ in range(COUNT_ATTEMPTS):
-            surveyed = await self.survey(service, selection, keep)
-            if not surveyed.whole:
-                raise UnsupportedOperationError(
-                    f"the archive holds more messages than one walk can count ({surveyed.archived}; the walk ended "
-                    "after the first ones), so what a replay would take is not known"
-                )
-            if surveyed.seen == surveyed.archived:
-                self._counted = surveyed.matched
-                return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
-        return ArchiveSeen(surveyed.archived, surveyed.matched, surveyed.archived - surveyed.seen)
+        surveyed = await self.survey(service, selection, keep, self._originals)
+        if not surveyed.whole:
+            raise UnsupportedOperationError(
+                f"the archive holds more messages than one walk can count ({surveyed.archived}; the walk ended "
+                "after the first ones), so what a replay would take is not known"
+            )
+        if surveyed.seen < surveyed.archived:
+            return ArchiveSeen(surveyed.archived, surveyed.matched, surveyed.archived - surveyed.seen)
+        self._counted, self._originals = surveyed.matched, surveyed.archived
+        return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
 
     async def seen_after_move(self, service: str) -> ArchiveSeen | None:
         """The archive as the last move left it, without walking it again, when that move's one walk saw all of it
@@ -143,7 +149,13 @@ class ReplayRunner:
         return archive_key(self._settings.address, service)
 
     async def move(
-        self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
+        self,
+        service: str,
+        selection: Selection,
+        *,
+        purge: bool,
+        limit: int | None,
+        rate: float | None,
     ) -> operations.Tally:
         calls = 0
         self.tally = operations.Tally()
@@ -165,12 +177,15 @@ class ReplayRunner:
                 tally=self.tally,
                 stop=self.stop,
                 queue_type=self._queue_type,
+                bound=self._originals,
             )
 
         try:
             return await self._run(work)
         finally:
             LET_GO.now(self._key(service))
+            if self._originals is not None:
+                self._originals -= self.tally.done
 
     def halt(self) -> None:
         self.stop.set()
