@@ -249,10 +249,10 @@ class ReplayKeeper:
             await self._write(conclusion.progress(replay, began, self._walked(began, step.done, runner.tally)))
         walked = self._walked(began, step.done, moving.result())  # a broker failure is raised here
         if walked.first is not None:
-            self._began = dataclasses.replace(began, first_message=walked.first)
+            began = self._began = dataclasses.replace(began, first_message=walked.first)
         return dataclasses.replace(
             observed,
-            began=self._began,
+            began=began,
             archive=None,
             last_pass=walked,
             halted=self._halt(began, deleted),

@@ -184,3 +184,20 @@ def test_a_replay_that_walks_twice_shows_the_first_event_it_took() -> None:
     status = kube.replay["status"]
     assert (status["replayed"], status["remaining"]) == (1000, 0)
     assert status["firstMessage"]["taskId"] == "t-first"
+
+
+def test_a_resumed_replay_goes_on_from_its_start_as_status_shows_it() -> None:
+    """Resumed after a SIGKILL, before anything moved: its start and count stand through every walk."""
+    begun = plan.begun(
+        [], plan.understand(body()), service_name="billing", started_at=1.8e9, archived=1000, matched=1000
+    )
+    broker = FakeReplayBroker(
+        seen=[ArchiveSeen(1000, 1000, 0), ArchiveSeen(400, 400, 0), ArchiveSeen(0, 0, 0)], moves=[600, 400]
+    )
+    kube, posted = run(body(status=begun.status_patch), ready_service(), broker, attempts=1)
+
+    assert reasons(kube) == ["Replayed"], "not begun again"
+    assert posted == [("Normal", "Replayed")]
+    assert all("startTime" not in patch for patch in kube.patches)
+    status = kube.replay["status"]
+    assert (status["matched"], status["replayed"], status["remaining"]) == (1000, 1000, 0)
