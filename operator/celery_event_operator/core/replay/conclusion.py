@@ -182,6 +182,8 @@ def progress(replay: plan.Replay, began: plan.Started, walked: PassDone) -> dict
 
 
 def conclude(observed: ReplayObserved, now: float) -> Step:
+    """What follows what the keeper observed: ended by its spec, or by a walk that returned early; waiting for
+    what comes before the archive (or a `look` for the next fact); then what the archive shows decides."""
     replay, began, previous = observed.replay, observed.began, observed.previous
     changed = began is not None and plan.spec_changed(observed.generation, began)
     if isinstance(replay, InvalidSpecError):
