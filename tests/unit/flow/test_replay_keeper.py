@@ -14,7 +14,7 @@ from celery_event_operator.core.replay import plan
 from celery_event_operator.core.replay.conclusion import ArchiveSeen
 from celery_event_operator.flow.replays import ReplayKeeper, Shared
 from tests.unit.flow.fakes import SETTINGS, FakeBroker, FakeBrokers, RecordingLogger, resource
-from tests.unit.replay.test_plan import body
+from tests.unit.replay.test_plan import archived, body
 
 
 @dataclasses.dataclass
@@ -30,9 +30,12 @@ class FakeReplayBroker:
     """Answers each observation with the next of `seen`; a move moves `moves` events and walked all the archive
     when `whole` (then the archive is what it saw less what it moved)."""
 
-    def __init__(self, seen: list[ArchiveSeen], moves: list[int], held_after: int = 0) -> None:
+    def __init__(
+        self, seen: list[ArchiveSeen], moves: list[int], held_after: int = 0, firsts: list[Archived] | None = None
+    ) -> None:
         self.seen = seen
         self.moves = moves
+        self.firsts = firsts or []
         self.held_after = held_after
         self.tally = Tally()
         self.asked: list[str] = []
@@ -50,7 +53,7 @@ class FakeReplayBroker:
         self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
     ) -> Tally:
         self.asked.append(f"move limit={limit}")
-        self.tally = Tally(done=self.moves.pop(0))
+        self.tally = Tally(done=self.moves.pop(0), first=self.firsts.pop(0) if self.firsts else None)
         return self.tally
 
     def halt(self) -> None:
@@ -161,3 +164,40 @@ def test_a_started_replay_whose_service_is_gone_ends_service_deleted_without_tou
     assert posted == [("Warning", "ServiceDeleted")]
     assert broker.asked == []
     assert kube.replay["status"]["replayed"] == 612
+
+
+def test_a_replay_that_walks_twice_shows_the_first_event_it_took() -> None:
+    broker = FakeReplayBroker(
+        seen=[ArchiveSeen(1000, 1000, 0), ArchiveSeen(300, 300, 0), ArchiveSeen(0, 0, 0)],
+        moves=[700, 300],
+        firsts=[archived(task_id="t-first"), archived(task_id="t-second-walk")],
+    )
+    kube, posted = run(body(), ready_service(), broker, attempts=1)
+
+    assert reasons(kube) == ["Running", "Replayed"]
+    assert posted == [("Normal", "Started"), ("Normal", "Replayed")]
+    assert broker.asked == [
+        *("observe", "move limit=None", "seen_after_move"),
+        *("observe", "move limit=None", "seen_after_move"),
+        *("observe", "close"),
+    ]
+    status = kube.replay["status"]
+    assert (status["replayed"], status["remaining"]) == (1000, 0)
+    assert status["firstMessage"]["taskId"] == "t-first"
+
+
+def test_a_resumed_replay_goes_on_from_its_start_as_status_shows_it() -> None:
+    """Resumed after a SIGKILL, before anything moved: its start and count stand through every walk."""
+    begun = plan.begun(
+        [], plan.understand(body()), service_name="billing", started_at=1.8e9, archived=1000, matched=1000
+    )
+    broker = FakeReplayBroker(
+        seen=[ArchiveSeen(1000, 1000, 0), ArchiveSeen(400, 400, 0), ArchiveSeen(0, 0, 0)], moves=[600, 400]
+    )
+    kube, posted = run(body(status=begun.status_patch), ready_service(), broker, attempts=1)
+
+    assert reasons(kube) == ["Replayed"], "not begun again"
+    assert posted == [("Normal", "Replayed")]
+    assert all("startTime" not in patch for patch in kube.patches)
+    status = kube.replay["status"]
+    assert (status["matched"], status["replayed"], status["remaining"]) == (1000, 1000, 0)

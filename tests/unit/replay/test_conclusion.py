@@ -1,4 +1,5 @@
-"""What a replay does next from what it saw of the archive (pure, as tables): the honesty rules of issue 31."""
+"""Every decision of a replay from what its keeper observed (pure, as one table): why it waits, when it begins,
+moves, stops or ends, and the honesty rules of issue 31."""
 
 from __future__ import annotations
 
@@ -6,198 +7,435 @@ from typing import Any
 
 import pytest
 
+from celery_event_operator.core.errors import InvalidSpecError
 from celery_event_operator.core.replay import conclusion, plan
-from celery_event_operator.core.replay.conclusion import ArchiveSeen, PassDone
+from celery_event_operator.core.replay.conclusion import (
+    ArchiveSeen,
+    BrokerFailure,
+    PassDone,
+    Problem,
+    ReplayObserved,
+    ServiceMissing,
+    SlotSeen,
+)
+from tests.unit.flow.fakes import SETTINGS, resource
 from tests.unit.replay.test_plan import CREATED_AT, NOW, body
 
 STARTED_AT = CREATED_AT + 5
+
+
+def service(ready: str = "True", reason: str = "Reconciled", message: str = "") -> conclusion.ServiceSeen:
+    found = resource()
+    found["status"] = {"conditions": [{"type": "Ready", "status": ready, "reason": reason, "message": message}]}
+    return conclusion.service_seen(found)
 
 
 def started(matched: int, archived: int = 1000) -> plan.Started:
     return plan.Started(STARTED_AT, archived, matched, "billing", 1, None)
 
 
-def running() -> list[dict[str, Any]]:
-    begun = plan.begun(
+def running() -> dict[str, Any]:
+    """The status of a replay that began (its Running condition)."""
+    return plan.begun(
         [], plan.understand(body()), service_name="billing", started_at=STARTED_AT, archived=1, matched=1
-    )
-    conditions: list[dict[str, Any]] = begun.status_patch["conditions"]
-    return conditions
+    ).status_patch
 
 
-def conclude(
-    spec: dict[str, Any] | None = None,
-    *,
-    began: plan.Started | None,
-    seen: ArchiveSeen,
-    last_pass: PassDone | None = None,
-    previous: list[dict[str, Any]] | None = None,
-) -> conclusion.Step:
-    return conclusion.conclude(
-        previous if previous is not None else running(),
-        plan.understand(body(spec)),
-        service_name="billing",
-        began=began,
-        started_at=STARTED_AT,
-        seen=seen,
-        last_pass=last_pass,
-        now=NOW,
-    )
+def archive_in_use_shown() -> dict[str, Any]:
+    """The status of a replay already waiting for a held archive."""
+    replay = plan.understand(body())
+    return conclusion.archive_in_use([], replay, "billing", None, 800, now=NOW).status_patch
 
 
-def reason(step: conclusion.Step) -> str:
-    return str(plan.succeeded(step.decision.status_patch).get("reason"))
+INVALID = InvalidSpecError("spec.action: purge needs confirm: true")
+FREE = SlotSeen(None, "billing", "broker.example:5672/shop")
+TAKEN = SlotSeen("shop/first", "billing", "broker.example:5672/shop")
+
+
+def observed(spec: dict[str, Any] | None = None, **facts: Any) -> ReplayObserved:
+    """A replay whose service is Ready, whose broker answers and whose turn it is, with `facts` instead."""
+    seen: dict[str, Any] = {
+        "replay": plan.understand(body(spec)),
+        "generation": 1,
+        "began": None,
+        "written": running(),
+        "service": service(),
+        "settings": SETTINGS,
+        "slot": FREE,
+        "started_at": STARTED_AT,
+    }
+    return ReplayObserved(**(seen | facts))
 
 
 @pytest.mark.parametrize(
-    ("spec", "began", "seen", "last_pass", "action", "counts", "why"),
+    ("seen", "action", "why", "events", "fields", "text"),
     [
+        # --- before the archive: refused, or waiting (Succeeded Unknown) and touching nothing -----------------
         pytest.param(
-            {}, None, ArchiveSeen(1600, 1000, 800), None, "wait", {}, "ArchiveInUse", id="held-before-it-starts"
+            observed(replay=INVALID, service=None, written={}),
+            "end",
+            "InvalidSpec",
+            [("Warning", "InvalidSpec")],
+            {"observedGeneration": 1},
+            "purge needs confirm: true; nothing was touched",
+            id="InvalidSpec",
         ),
         pytest.param(
-            {}, started(2000), ArchiveSeen(1000, 1000, 1000), None, "wait", {}, "ArchiveInUse", id="held-on-resume"
-        ),
-        pytest.param(
+            observed(began=started(1000), generation=2, service=None),
+            "end",
+            "SpecChanged",
+            [("Warning", "SpecChanged")],
             {},
-            started(2000),
-            ArchiveSeen(0, 0, 1190),
-            PassDone(811, 0),
+            "the spec changed after the replay started",
+            id="SpecChanged",
+        ),
+        pytest.param(
+            observed(replay=INVALID, began=started(1000), generation=2, service=None),
+            "end",
+            "SpecChanged",
+            [("Warning", "SpecChanged")],
+            {},
+            "it is immutable",
+            id="SpecChanged-to-an-invalid-spec",
+        ),
+        pytest.param(
+            observed(service=None, settings=None, slot=None),
+            "look",
+            None,
+            [],
+            {},
+            "",
+            id="its-service-not-looked-at-yet",
+        ),
+        pytest.param(
+            observed(service=ServiceMissing(), written={}),
             "wait",
+            "ServiceNotFound",
+            [],
+            {"observedGeneration": 1},
+            "there is no CeleryEventService billing in namespace shop",
+            id="ServiceNotFound",
+        ),
+        pytest.param(
+            observed(service=service("False", "BrokerUnreachable", "connection refused")),
+            "wait",
+            "ServiceNotReady",
+            [],
             {},
+            "service billing is not Ready (BrokerUnreachable: connection refused); the replay starts once it is",
+            id="ServiceNotReady",
+        ),
+        pytest.param(
+            observed(service=Problem("KubernetesAPIForbidden", "cannot get celeryeventservices")),
+            "wait",
+            "KubernetesAPIForbidden",
+            [],
+            {},
+            "cannot get celeryeventservices",
+            id="API-error-reason",
+        ),
+        pytest.param(
+            observed(settings=Problem("BrokerSecretInvalid", "secret rabbitmq has no key url")),
+            "wait",
+            "BrokerSecretInvalid",
+            [],
+            {},
+            "secret rabbitmq has no key url",
+            id="Secret-error-reason",
+        ),
+        pytest.param(
+            observed(slot=TAKEN),
+            "wait",
+            "WaitingForReplay",
+            [],
+            {},
+            "replay shop/first of the same archive (billing:archived at broker.example:5672/shop) goes first",
+            id="WaitingForReplay",
+        ),
+        pytest.param(
+            observed(broker=BrokerFailure("connection refused"), began=started(1000)),
+            "wait",
+            "BrokerUnavailable",
+            [],
+            {"observedGeneration": None},
+            "connection refused; trying again (what was done stays done)",
+            id="BrokerUnavailable",
+        ),
+        pytest.param(
+            observed(broker=BrokerFailure("no queue billing:archived", archive_not_found=True)),
+            "end",
+            "ArchiveNotFound",
+            [("Warning", "ArchiveNotFound")],
+            {},
+            "no queue billing:archived",
+            id="ArchiveNotFound",
+        ),
+        pytest.param(
+            observed(service=ServiceMissing(), began=started(3000), written=running() | {"replayed": 612}),
+            "end",
+            "ServiceDeleted",
+            [("Warning", "ServiceDeleted")],
+            {"replayed": 612, "skipped": 0, "remaining": 2388},
+            "service billing was deleted: the replay stopped; 612 of 3000",
+            id="ServiceDeleted-found-on-resume",
+        ),
+        # --- the archive: seen whole or waited for ----------------------------------------------------------
+        pytest.param(
+            observed(archive=None),
+            "look",
+            None,
+            [],
+            {},
+            "",
+            id="its-archive-not-looked-at-yet",
+        ),
+        pytest.param(
+            observed(archive=ArchiveSeen(1600, 1000, 800), written={}),
+            "wait",
             "ArchiveInUse",
-            id="held-before-the-end-never-Replayed",
+            [("Normal", "ArchiveInUse")],
+            {"observedGeneration": 1},
+            "800 archived events of billing are held unacknowledged by another client",
+            id="ArchiveInUse-first-time-an-Event",
         ),
         pytest.param(
+            observed(archive=ArchiveSeen(1600, 1000, 700), written=archive_in_use_shown()),
+            "wait",
+            "ArchiveInUse",
+            [],
             {},
-            None,
-            ArchiveSeen(1600, 1000, 0),
-            None,
+            "700 archived events",
+            id="ArchiveInUse-again-no-Event",
+        ),
+        pytest.param(
+            observed(began=started(2000), archive=ArchiveSeen(1000, 1000, 1000)),
+            "wait",
+            "ArchiveInUse",
+            [("Normal", "ArchiveInUse")],
+            {},
+            "; what was done stays done",
+            id="ArchiveInUse-on-resume",
+        ),
+        pytest.param(
+            observed(began=started(2000), archive=ArchiveSeen(0, 0, 1190), last_pass=PassDone(811, 0)),
+            "wait",
+            "ArchiveInUse",
+            [("Normal", "ArchiveInUse")],
+            {},
+            "1190 archived events",
+            id="ArchiveInUse-before-the-end-never-Replayed",
+        ),
+        pytest.param(
+            observed(archive=ArchiveSeen(1600, 1000, 0), written={}),
             "begin",
-            {"archived": 1600, "matched": 1000, "replayed": 0, "remaining": 1000},
             "Running",
-            id="whole-archive-begins",
+            [("Normal", "Started")],
+            {"archived": 1600, "matched": 1000, "replayed": 0, "remaining": 1000, "skipped": 0},
+            "replay of 1000 archived events of billing started",
+            id="begin",
         ),
         pytest.param(
-            {},
-            None,
-            ArchiveSeen(1600, 1000, None),
-            None,
+            observed(archive=ArchiveSeen(1600, 1000, None), written={}),
             "begin",
+            "Running",
+            [("Normal", "Started")],
             {"matched": 1000},
-            "Running",
-            id="no-management-api-begins",
+            "",
+            id="begin-without-a-management-API",
         ),
         pytest.param(
-            {},
-            started(2000),
-            ArchiveSeen(1190, 1190, 0),
-            None,
-            "move",
-            {"replayed": 810, "remaining": 1190},
-            "Running",
-            id="resume-counts-what-left-the-archive",
-        ),
-        pytest.param(
-            {},
-            started(2000),
-            ArchiveSeen(0, 0, 0),
-            PassDone(1190, 0),
+            observed({"dryRun": True}, began=started(1000), archive=ArchiveSeen(1000, 1000, 0)),
             "end",
-            {"replayed": 2000, "skipped": 0, "remaining": 0},
-            "Replayed",
-            id="all-moved",
-        ),
-        pytest.param(
-            {},
-            started(1000),
-            ArchiveSeen(600, 300, 0),
-            PassDone(700, 0),
-            "move",
-            {"replayed": 700, "remaining": 300},
-            "Running",
-            id="some-came-back-walk-again",
-        ),
-        pytest.param(
-            {},
-            started(1000),
-            ArchiveSeen(30, 30, 0),
-            PassDone(970, 30),
-            "end",
-            {"replayed": 970, "skipped": 30},
-            "Replayed",
-            id="unroutable-stay-skipped",
-        ),
-        pytest.param(
-            {"limit": 100},
-            started(1000),
-            ArchiveSeen(900, 900, 0),
-            PassDone(100, 0),
-            "end",
-            {"replayed": 100, "skipped": 900},
-            "Replayed",
-            id="limit-reached",
-        ),
-        pytest.param(
-            {},
-            started(1000),
-            ArchiveSeen(5, 5, 0),
-            PassDone(0, 0),
-            "end",
-            {"replayed": 995, "skipped": 5},
-            "Replayed",
-            id="a-walk-that-moved-nothing-ends",
-        ),
-        pytest.param(
-            {"dryRun": True},
-            started(1000),
-            ArchiveSeen(1000, 1000, 0),
-            None,
-            "end",
-            {"remaining": 0},
             "DryRun",
-            id="dry-run",
+            [("Normal", "DryRun")],
+            {"remaining": 0},
+            "would replay 1000 of 1000 selected archived events of billing; nothing was changed",
+            id="dry-run-end",
+        ),
+        pytest.param(
+            observed(began=started(2000), archive=ArchiveSeen(1190, 1190, 0)),
+            "move",
+            None,
+            [],
+            {"replayed": 810, "remaining": 1190},
+            "",
+            id="move-a-resume-counts-what-left-the-archive",
+        ),
+        pytest.param(
+            observed(began=started(1000), archive=ArchiveSeen(600, 300, 0), last_pass=PassDone(700, 0)),
+            "move",
+            None,
+            [],
+            {"replayed": 700, "remaining": 300},
+            "",
+            id="move-again-some-came-back",
+        ),
+        pytest.param(
+            observed(began=started(2000), archive=ArchiveSeen(0, 0, 0), last_pass=PassDone(1190, 0)),
+            "end",
+            "Replayed",
+            [("Normal", "Replayed")],
+            {"replayed": 2000, "skipped": 0, "remaining": 0},
+            "2000 of 2000 selected archived events of billing sent back to its handler queues",
+            id="end-Replayed",
+        ),
+        pytest.param(
+            observed(began=started(1000), archive=ArchiveSeen(30, 30, 0), last_pass=PassDone(970, 30)),
+            "end",
+            "Replayed",
+            [("Normal", "Replayed")],
+            {"replayed": 970, "skipped": 30, "remaining": 0},
+            "; 30 skipped (beyond the limit, or no queue takes them) stay archived",
+            id="end-Replayed-unroutable-skipped",
+        ),
+        pytest.param(
+            observed(began=started(1000), archive=ArchiveSeen(5, 5, 0), last_pass=PassDone(0, 0)),
+            "end",
+            "Replayed",
+            [("Normal", "Replayed")],
+            {"replayed": 995, "skipped": 5},
+            "995 of 1000",
+            id="end-a-walk-that-moved-nothing",
+        ),
+        pytest.param(
+            observed(
+                {"action": "purge", "confirm": True, "limit": 100},
+                began=started(1000, archived=1200),
+                archive=ArchiveSeen(1100, 900, 0),
+                last_pass=PassDone(100, 0),
+            ),
+            "end",
+            "Purged",
+            [("Normal", "Purged")],
+            {"purged": 100, "skipped": 900, "remaining": 0},
+            "100 of 1000 selected archived events of billing purged from the archive; 900 skipped (beyond the limit, "
+            "or no queue takes them) stay archived; 200 other archived events were not selected",
+            id="end-Purged-beyond-the-limit-skipped",
+        ),
+        # --- after a walk: look again, or halted ------------------------------------------------------------
+        pytest.param(
+            observed(began=started(1000), archive=None, last_pass=PassDone(400, 2, 100)),
+            "look",
+            None,
+            [],
+            {"replayed": 500, "skipped": 2, "remaining": 498},
+            "",
+            id="after-a-walk-its-counters-then-look-again",
+        ),
+        pytest.param(
+            observed(began=started(1000), archive=None, last_pass=PassDone(400, 0, 100), halted="stopped"),
+            "stop",
+            None,
+            [],
+            {"replayed": 500, "remaining": 500},
+            "",
+            id="halted-by-stop-resumed-later",
+        ),
+        pytest.param(
+            observed(began=started(3000), archive=None, last_pass=PassDone(512, 0, 100), halted="service deleted"),
+            "end",
+            "ServiceDeleted",
+            [("Warning", "ServiceDeleted")],
+            {"replayed": 612, "skipped": 0, "remaining": 2388},
+            "612 of 3000 selected archived events of billing sent back to its handler queues, 2388 stay archived",
+            id="ServiceDeleted-during-a-walk",
+        ),
+        pytest.param(
+            observed(
+                began=started(1000), generation=2, archive=None, last_pass=PassDone(300, 0), halted="spec changed"
+            ),
+            "end",
+            "SpecChanged",
+            [("Warning", "SpecChanged")],
+            {"replayed": 300, "remaining": 700},
+            "nothing more is done; create another",
+            id="SpecChanged-during-a-walk",
         ),
     ],
 )
-def test_what_follows_an_observation(
-    spec: dict[str, Any],
-    began: plan.Started | None,
-    seen: ArchiveSeen,
-    last_pass: PassDone | None,
+def test_what_follows_what_was_observed(
+    seen: ReplayObserved,
     action: str,
-    counts: dict[str, int],
-    why: str,
+    why: str | None,
+    events: list[tuple[str, str]],
+    fields: dict[str, Any],
+    text: str,
 ) -> None:
-    step = conclude(spec, began=began, seen=seen, last_pass=last_pass)
+    step = conclusion.conclude(seen, NOW)
+    status = step.decision.status_patch
     assert step.action == action
-    assert {key: step.decision.status_patch.get(key) for key in counts} == counts
-    if action == "move":
-        assert "conditions" not in step.decision.status_patch, "the Running condition stays as written"
-        assert step.done == counts["replayed"]
+    assert [(note.type, note.reason) for note in step.decision.events] == events
+    assert {key: status.get(key) for key in fields} == fields
+    if why is None:
+        assert "conditions" not in status, "the condition stays as written"
     else:
-        assert reason(step) == why
+        condition = plan.succeeded(status)
+        assert condition["reason"] == why
+        ended = "False" if ("Warning", why) in events else "True"
+        assert condition["status"] == (ended if action == "end" else "Unknown")
+        assert text in condition["message"]
+    if action in ("wait", "look"):
+        assert "startTime" not in status, "nothing recorded as started"
+        assert "completionTime" not in status, "nor as ended"
+    if action == "move":
+        assert step.done == fields["replayed"]
 
 
-def test_waiting_for_a_held_archive_says_how_many_and_posts_one_event() -> None:
-    first = conclude(began=None, seen=ArchiveSeen(800, 500, 800), previous=[])
-    message = plan.succeeded(first.decision.status_patch)["message"]
-    assert "800 archived events of billing are held unacknowledged by another client" in message
-    assert plan.succeeded(first.decision.status_patch)["status"] == "Unknown"
-    assert [(note.type, note.reason) for note in first.decision.events] == [("Normal", "ArchiveInUse")]
-    again = conclude(began=None, seen=ArchiveSeen(800, 500, 700), previous=first.decision.status_patch["conditions"])
-    assert again.decision.events == (), "one Event when it starts waiting, not one per look"
-    assert "startTime" not in again.decision.status_patch, "nothing recorded as started"
+@pytest.mark.parametrize(
+    ("spec", "began", "done", "limit"),
+    [
+        pytest.param({}, started(1000), 300, None, id="no-limit-of-its-own-walks-to-the-end"),
+        pytest.param({"limit": 500}, started(1000), 300, 200, id="what-the-limit-leaves"),
+        pytest.param({"limit": 5000}, started(1000), 300, 700, id="a-limit-beyond-what-matched"),
+    ],
+)
+def test_a_move_takes_at_most_what_its_limit_leaves(
+    spec: dict[str, Any], began: plan.Started, done: int, limit: int | None
+) -> None:
+    step = conclusion.conclude(observed(spec, began=began, archive=ArchiveSeen(1000 - done, 1000 - done, 0)), NOW)
+    assert (step.action, step.done, step.limit) == ("move", done, limit)
 
 
-def test_a_replay_whose_service_is_deleted_ends_with_what_it_moved() -> None:
-    decision = conclusion.service_deleted(
-        running(), plan.understand(body()), started(3000), done=612, unroutable=0, now=NOW
+def test_a_begin_says_what_began_and_the_next_look_moves() -> None:
+    seen = observed(archive=ArchiveSeen(1600, 1000, 0), written={})
+    step = conclusion.conclude(seen, NOW)
+    assert step.began == plan.Started(STARTED_AT, 1600, 1000, "billing", 1, None)
+    then = conclusion.conclude(
+        observed(began=step.began, archive=seen.archive, written=step.decision.status_patch), NOW
     )
-    status = decision.status_patch
-    condition = plan.succeeded(status)
-    assert (condition["status"], condition["reason"]) == ("False", "ServiceDeleted")
-    assert "612 of 3000" in condition["message"]
-    assert "2388 stay archived" in condition["message"]
-    assert (status["replayed"], status["skipped"], status["remaining"]) == (612, 0, 2388)
-    assert [(note.type, note.reason) for note in decision.events] == [("Warning", "ServiceDeleted")]
+    assert (then.action, then.done) == ("move", 0)
+
+
+def test_what_the_log_says() -> None:
+    first = conclusion.conclude(observed(slot=TAKEN, written={}), NOW)
+    assert first.log.startswith("waits: replay shop/first of the same archive")
+    assert not first.warn
+    again = conclusion.conclude(observed(slot=TAKEN, written=first.decision.status_patch), NOW)
+    assert again.log == "", "a wait is logged when it is new, not at every look"
+    refused = conclusion.conclude(observed(replay=INVALID), NOW)
+    assert (refused.log, refused.warn) == ("refused: spec.action: purge needs confirm: true", True)
+    deleted = conclusion.conclude(observed(service=ServiceMissing(), began=started(10)), NOW)
+    assert (deleted.log, deleted.warn) == ("stops: service billing was deleted", True)
+
+
+@pytest.mark.parametrize(
+    ("stopped", "changed", "deleted", "halt"),
+    [
+        pytest.param(False, False, False, None, id="walks-on"),
+        pytest.param(True, True, True, "stopped", id="stopped-first"),
+        pytest.param(False, True, True, "spec changed", id="then-the-spec"),
+        pytest.param(False, False, True, "service deleted", id="then-the-service"),
+    ],
+)
+def test_what_halts_a_walk(stopped: bool, changed: bool, deleted: bool, halt: str | None) -> None:
+    assert conclusion.halted_by(stopped=stopped, spec_changed=changed, service_deleted=deleted) == halt
+
+
+def test_a_service_without_a_valid_spec_is_not_ready() -> None:
+    found = resource(events="none")
+    found["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled", "message": ""}]}
+    assert conclusion.service_seen(found) == conclusion.ServiceNotReady(("Reconciled", ""))
+    assert conclusion.service_seen(resource()) == conclusion.ServiceNotReady(None), "no Ready condition yet"
+    ready = service()
+    assert isinstance(ready, conclusion.ServiceReady)
+    assert ready.service_name == "billing"

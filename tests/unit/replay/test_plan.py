@@ -207,13 +207,13 @@ def test_waiting_keeps_its_transition_time_and_follows_the_spec_only_before_the_
 
 
 def test_refused_and_failed_end_with_one_warning() -> None:
-    refused = plan.refused([], body({"action": "purge"}), InvalidSpecError("invalid spec: x"), now=NOW)
+    refused = plan.refused([], 1, InvalidSpecError("invalid spec: x"), now=NOW)
     [condition] = refused.status_patch["conditions"]
     assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec")
     assert condition["message"] == "invalid spec: x; nothing was touched"
     assert [(note.type, note.reason) for note in refused.events] == [("Warning", "InvalidSpec")]
     many = InvalidSpecError("; ".join(f"filter.taskIds.{n}: too long" for n in range(1000)))
-    bounded = plan.refused([], body(), many, now=NOW)
+    bounded = plan.refused([], 1, many, now=NOW)
     assert len(bounded.status_patch["conditions"][0]["message"]) < 1000, "a thousand problems, a bounded message"
     assert len(bounded.events[0].message) < 1000
     failed = plan.failed([], 2, "SpecChanged", "changed", now=NOW)

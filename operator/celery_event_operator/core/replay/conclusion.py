@@ -1,5 +1,11 @@
-"""What a replay does next, from what it saw of the archive (pure): the one place of its honesty rules.
+"""What a replay does next, from what its keeper observed (pure): every decision of the replay flow, and so the one
+place of its honesty rules. The keeper (flow/replays.py) gathers the facts in order — its spec, its service, the
+broker of its Secret, its turn at the archive, the archive itself — asks `conclude` after each, and does what the
+Step says; `look` asks it for the next fact.
 
+- A replay that cannot run as written (`InvalidSpec`), or whose spec changed after it started (`SpecChanged`),
+  ends at once; one still waiting for its service, its Secret, the API, its turn or the broker says why in its
+  Succeeded condition (Unknown) and touches nothing.
 - A replay counts and reports only on an archive it sees whole. Messages another client holds unacknowledged (as
   `archive list` does while it reads) are invisible to a walk: while there are any, the replay waits
   (`ArchiveInUse`, one Event when it starts waiting) — before it starts, when it resumes, and before it ends.
@@ -8,7 +14,8 @@
 - It ends when nothing it may take is left (all taken, beyond the limit, or no queue takes them); otherwise it
   walks the archive again.
 - A started replay whose service is deleted stops (`ServiceDeleted`, one Warning Event); what it moved stays
-  counted, the rest stays archived.
+  counted, the rest stays archived. A stopped one (the operator stops, the resource is deleted) writes its counters
+  and is resumed by whichever operator runs next.
 """
 
 from __future__ import annotations
@@ -17,12 +24,22 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from celery_event_operator.core.api import conditions
+from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.archive.messages import Archived
+from celery_event_operator.core.broker.settings import BrokerSettings
+from celery_event_operator.core.errors import InvalidSpecError
 from celery_event_operator.core.replay import plan
+from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import EventNote
 
 ARCHIVE_IN_USE = "ArchiveInUse"
+ARCHIVE_NOT_FOUND = "ArchiveNotFound"
 SERVICE_DELETED = "ServiceDeleted"
+SPEC_CHANGED = "SpecChanged"
+
+# Why a move returned before its walk's end (the keeper halts it for the first of these it sees).
+Halt = Literal["stopped", "spec changed", "service deleted"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,35 +54,222 @@ class ArchiveSeen:
 
 @dataclasses.dataclass(frozen=True)
 class PassDone:
-    """What the last walk that moved did."""
+    """What the last walk that moved did (or, while it walks, has done so far)."""
 
     moved: int
     unroutable: int  # selected, no queue took them: they stay archived
+    done_before: int = 0  # done before this walk
+    first: Mapping[str, Any] | None = None  # the first event the replay took (as status shows it)
+    last: Mapping[str, Any] | None = None  # the last event this walk took
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Something the replay cannot do yet, with its reason (the API not answering, the Secret unusable)."""
+
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceMissing:
+    """No service of that name in the replay's namespace."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceNotReady:
+    ready: tuple[Any, Any] | None  # its Ready condition's reason and message, when it has one
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceReady:
+    service_name: str
+    spec: CeleryEventServiceSpec
+
+
+ServiceSeen = ServiceMissing | Problem | ServiceNotReady | ServiceReady
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotSeen:
+    """The replay's turn at its archive: `holder` is the replay that has it, None when this one does."""
+
+    holder: str | None
+    service_name: str
+    broker: str  # the broker's address as shown
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerFailure:
+    message: str
+    archive_not_found: bool = False  # the archive does not exist (else: the broker failed or refused)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayObserved:
+    """What the keeper knows of a replay at one moment; None where it has not looked (yet)."""
+
+    replay: plan.Replay | InvalidSpecError
+    generation: int | None  # the resource's, now
+    began: plan.Started | None  # what status says was begun (or was just written)
+    written: Mapping[str, Any]  # its status as last written (or as the watch shows it)
+    service: ServiceSeen | None = None
+    settings: BrokerSettings | Problem | None = None
+    slot: SlotSeen | None = None
+    broker: BrokerFailure | None = None
+    started_at: float | None = None  # the start time the archive was looked at with
+    archive: ArchiveSeen | None = None
+    last_pass: PassDone | None = None
+    halted: Halt | None = None  # why the last move returned early
+
+    @property
+    def previous(self) -> list[Mapping[str, Any]]:
+        return list(self.written.get("conditions") or [])
 
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """`wait`: write and look again later; `begin`: write (and see written) before anything moves; `move`: walk the
-    archive with `done` already done; `end`: write the end, post its Event."""
+    """`look`: write the decision's fields (if any) and gather the next fact; `wait`: write and look again later;
+    `begin`: write (and see written) before anything moves, then go on as `began`; `move`: walk the archive with
+    `done` already done, taking at most `limit`; `stop`: write the counters, the next operator resumes; `end`: write
+    the end, post its Event. `log`: a line for the operator's log (a warning when `warn`)."""
 
-    action: Literal["wait", "begin", "move", "end"]
+    action: Literal["look", "wait", "begin", "move", "stop", "end"]
     decision: plan.Decision
     done: int = 0
+    limit: int | None = None
+    began: plan.Started | None = None
+    log: str = ""
+    warn: bool = False
 
 
-def conclude(
-    previous: Sequence[Mapping[str, Any]],
+NOTHING = plan.Decision({}, ())
+
+
+def service_seen(body: Mapping[str, Any]) -> ServiceNotReady | ServiceReady:
+    """A service that was found: Ready (with a valid spec) or not."""
+    ready = conditions.find_written(body.get("status"), conditions.READY)
+    try:
+        validated = specs.validate(body)
+    except InvalidSpecError:
+        validated = None
+    if ready.get("status") != "True" or validated is None:
+        return ServiceNotReady((ready.get("reason"), ready.get("message")) if ready else None)
+    return ServiceReady(validated.service_name, validated.spec)
+
+
+def halted_by(*, stopped: bool, spec_changed: bool, service_deleted: bool) -> Halt | None:
+    """Why a move is to return after the events in hand, the first that holds."""
+    if stopped:
+        return "stopped"
+    if spec_changed:
+        return "spec changed"
+    if service_deleted:
+        return "service deleted"
+    return None
+
+
+def progress(replay: plan.Replay, began: plan.Started, walked: PassDone) -> dict[str, Any]:
+    """The counters of a walk under way or just returned."""
+    return plan.progressed(
+        replay,
+        matched=began.matched,
+        done=walked.done_before + walked.moved,
+        unroutable=walked.unroutable,
+        first=walked.first,
+        last=walked.last,
+    )
+
+
+def conclude(observed: ReplayObserved, now: float) -> Step:
+    """What follows what the keeper observed: ended by its spec, or by a walk that returned early; waiting for
+    what comes before the archive (or a `look` for the next fact); then what the archive shows decides."""
+    replay, began, previous = observed.replay, observed.began, observed.previous
+    changed = began is not None and plan.spec_changed(observed.generation, began)
+    if isinstance(replay, InvalidSpecError):
+        if changed:
+            return Step("end", spec_changed(previous, observed.generation, now=now))
+        refusal = plan.refused(previous, observed.generation, replay, now=now)
+        return Step("end", refusal, log=f"refused: {replay}", warn=True)
+    walked = observed.last_pass
+    counters = progress(replay, began, walked) if began is not None and walked is not None else {}
+    if observed.halted == "stopped":
+        return Step("stop", plan.Decision(counters, ()))  # resumed by the next operator (or the resource is gone)
+    if changed or observed.halted == "spec changed":
+        ended = spec_changed(previous, observed.generation, now=now)
+        return Step("end", plan.Decision({**counters, **ended.status_patch}, ended.events))
+    if observed.halted == "service deleted" and began is not None and walked is not None:
+        done = walked.done_before + walked.moved
+        ended = service_deleted(previous, replay, began, done=done, unroutable=walked.unroutable, now=now)
+        return _deleted(replay, plan.Decision({**counters, **ended.status_patch}, ended.events))
+    ready = _before_the_archive(observed, replay, now=now)
+    if isinstance(ready, Step):
+        return ready
+    if observed.broker is not None:
+        if observed.broker.archive_not_found:
+            failure = plan.failed(previous, replay.generation, ARCHIVE_NOT_FOUND, observed.broker.message, now=now)
+            return Step("end", failure)
+        message = f"{observed.broker.message}; trying again (what was done stays done)"
+        return _wait(observed, replay, plan.BROKER_UNAVAILABLE, message, now=now)
+    if observed.archive is None or observed.started_at is None:
+        return Step("look", plan.Decision(counters, ()))  # after a walk: its counters, then the archive again
+    service_name = began.service_name if began is not None else ready.service_name
+    return _from_the_archive(observed, replay, service_name, observed.archive, observed.started_at, now=now)
+
+
+def _before_the_archive(observed: ReplayObserved, replay: plan.Replay, *, now: float) -> Step | ServiceReady:
+    """Waiting for (or, when started, ended by the loss of) its service, its Secret, its turn; a `look` while a fact
+    is missing; its Ready service once it may look at the archive."""
+    service, began = observed.service, observed.began
+    if service is None:
+        return Step("look", NOTHING)
+    if isinstance(service, ServiceMissing):
+        if began is not None:
+            done = observed.written.get(replay.done_field)
+            ended = service_deleted(
+                observed.previous, replay, began, done=done if isinstance(done, int) else 0, unroutable=0, now=now
+            )
+            return _deleted(replay, ended)
+        message = (
+            f"there is no CeleryEventService {replay.service} in namespace {replay.namespace} (a replay acts on a "
+            "service of its own namespace); it starts when there is one"
+        )
+        return _wait(observed, replay, plan.SERVICE_NOT_FOUND, message, now=now)
+    if isinstance(service, Problem):  # the API's fault (not answering, a missing permission): its own reason
+        return _wait(observed, replay, service.reason, service.message, now=now)
+    if isinstance(service, ServiceNotReady):
+        why = f" ({service.ready[0]}: {service.ready[1]})" if service.ready is not None else ""
+        message = f"service {replay.service} is not Ready{why}; the replay starts once it is"
+        return _wait(observed, replay, plan.SERVICE_NOT_READY, message, now=now)
+    if observed.settings is None:
+        return Step("look", NOTHING)
+    if isinstance(observed.settings, Problem):  # the Secret unusable, or the Kubernetes API not answering
+        return _wait(observed, replay, observed.settings.reason, observed.settings.message, now=now)
+    slot = observed.slot
+    if slot is None:
+        return Step("look", NOTHING)
+    if slot.holder is not None:
+        message = (
+            f"replay {slot.holder} of the same archive ({slot.service_name}:archived at {slot.broker}) goes first: "
+            "one replay of an archive runs at a time"
+        )
+        return _wait(observed, replay, plan.WAITING_FOR_REPLAY, message, now=now)
+    return service
+
+
+def _from_the_archive(
+    observed: ReplayObserved,
     replay: plan.Replay,
-    *,
     service_name: str,
-    began: plan.Started | None,
-    started_at: float,
     seen: ArchiveSeen,
-    last_pass: PassDone | None,
+    started_at: float,
+    *,
     now: float,
 ) -> Step:
+    began, previous, last_pass = observed.began, observed.previous, observed.last_pass
     if seen.held_elsewhere:
-        return Step("wait", archive_in_use(previous, replay, service_name, began, seen.held_elsewhere, now=now))
+        decision = archive_in_use(previous, replay, service_name, began, seen.held_elsewhere, now=now)
+        return _waiting(previous, decision)
     if began is None:
         decision = plan.begun(
             previous,
@@ -75,7 +279,8 @@ def conclude(
             archived=seen.archived,
             matched=seen.selected,
         )
-        return Step("begin", decision)
+        started = plan.Started(started_at, seen.archived, seen.selected, service_name, replay.generation, None)
+        return Step("begin", decision, began=started)
     if replay.spec.dry_run:
         decision = plan.dry_run_ended(
             previous,
@@ -93,7 +298,10 @@ def conclude(
         counters = plan.progressed(
             replay, matched=began.matched, done=done, unroutable=0, first=began.first_message, last=None
         )
-        return Step("move", plan.Decision(counters, ()), done)
+        # Without a limit of its own it walks to the end: what it takes is what its selection takes, and a walk
+        # over all of the archive is what lets it end without looking again (ReplayBroker.seen_after_move).
+        limit = None if replay.spec.limit is None else max(0, replay.target(began.matched) - done)
+        return Step("move", plan.Decision(counters, ()), done, limit)
     decision = plan.ended(
         previous,
         replay,
@@ -105,6 +313,28 @@ def conclude(
         now=now,
     )
     return Step("end", decision, done)
+
+
+def _wait(observed: ReplayObserved, replay: plan.Replay, reason: str, message: str, *, now: float) -> Step:
+    previous = observed.previous
+    return _waiting(previous, plan.waiting(previous, replay, reason, message, began=observed.began, now=now))
+
+
+def _waiting(previous: Sequence[Mapping[str, Any]], decision: plan.Decision) -> Step:
+    """A wait, logged when its reason or message is new."""
+    condition = plan.succeeded({"conditions": decision.status_patch.get("conditions") or []})
+    current = plan.succeeded({"conditions": list(previous)})
+    new = (current.get("reason"), current.get("message")) != (condition.get("reason"), condition.get("message"))
+    return Step("wait", decision, log=f"waits: {condition.get('message')}" if new else "")
+
+
+def _deleted(replay: plan.Replay, decision: plan.Decision) -> Step:
+    return Step("end", decision, log=f"stops: service {replay.service} was deleted", warn=True)
+
+
+def spec_changed(previous: Sequence[Mapping[str, Any]], generation: int | None, *, now: float) -> plan.Decision:
+    message = "the spec changed after the replay started (it is immutable): nothing more is done; create another"
+    return plan.failed(previous, generation, SPEC_CHANGED, message, now=now)
 
 
 def archive_in_use(

@@ -267,10 +267,9 @@ def waiting(
 
 
 def refused(
-    previous: Sequence[Mapping[str, Any]], body: Mapping[str, Any], error: InvalidSpecError, *, now: float
+    previous: Sequence[Mapping[str, Any]], generation: int | None, error: InvalidSpecError, *, now: float
 ) -> Decision:
     """A replay that cannot run as written: it ends at once, nothing touched, one Warning Event."""
-    generation = (body.get("metadata") or {}).get("generation")
     message = f"{_bounded(str(error), MAX_REFUSAL_LENGTH)}; nothing was touched"
     status = {
         "observedGeneration": generation,
