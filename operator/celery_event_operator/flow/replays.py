@@ -126,7 +126,7 @@ class ReplayKeeper:
         step = self._conclude(observed)
         if step.action != "look" or not isinstance(observed.service, conclusion.ServiceReady):
             return await self._perform(step)
-        service_name = observed.service.service_name
+        service_name, queue_type = observed.service.service_name, observed.service.spec.queue_type
         try:
             settings = await self.context.brokers.settings(self.namespace, observed.service.spec)
         except OperatorError as exc:  # the Secret unusable, or the Kubernetes API not answering: its reason
@@ -139,7 +139,7 @@ class ReplayKeeper:
         if holder is not None:
             return await self._perform(self._conclude(observed))
         try:
-            runner = self.context.replay_broker(settings, service_spec.queue_type)
+            runner = self.context.replay_broker(settings, queue_type)
             try:
                 return await self._drive(observed, replay, service_name, runner)
             finally:
@@ -285,8 +285,10 @@ class ReplayKeeper:
             return await work
         except ArchiveNotFoundError as exc:
             return dataclasses.replace(observed, broker=conclusion.BrokerFailure(str(exc), archive_not_found=True))
-        except (BrokerUnavailableError, BrokerRefusedError, UnsupportedOperationError) as exc:
+        except BrokerUnavailableError as exc:
             return dataclasses.replace(observed, broker=conclusion.BrokerFailure(str(exc)))
+        except (BrokerRefusedError, UnsupportedOperationError) as exc:  # answered, and said no: its own reason
+            return dataclasses.replace(observed, broker=conclusion.BrokerFailure(str(exc), reason=exc.reason))
 
     # --- the conclusion, and doing what it says ---------------------------------------------------
 

@@ -162,6 +162,19 @@ def observed(spec: dict[str, Any] | None = None, **facts: Any) -> ReplayObserved
             id="BrokerUnavailable",
         ),
         pytest.param(
+            observed(
+                broker=BrokerFailure(
+                    "the archive holds more messages than one walk can count", reason="UnsupportedOperation"
+                )
+            ),
+            "wait",
+            "UnsupportedOperation",
+            [],
+            {},
+            "the archive holds more messages than one walk can count; trying again (what was done stays done)",
+            id="a refusal waits with its own reason",
+        ),
+        pytest.param(
             observed(broker=BrokerFailure("no queue billing:archived", archive_not_found=True)),
             "end",
             "ArchiveNotFound",

@@ -103,6 +103,7 @@ class SlotSeen:
 class BrokerFailure:
     message: str
     archive_not_found: bool = False  # the archive does not exist (else: the broker failed or refused)
+    reason: str = plan.BROKER_UNAVAILABLE  # why it waits: a refusal (a permission, an archive too large) says so
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +211,7 @@ def conclude(observed: ReplayObserved, now: float) -> Step:
             failure = plan.failed(previous, replay.generation, ARCHIVE_NOT_FOUND, observed.broker.message, now=now)
             return Step("end", failure)
         message = f"{observed.broker.message}; trying again (what was done stays done)"
-        return _wait(observed, replay, plan.BROKER_UNAVAILABLE, message, now=now)
+        return _wait(observed, replay, observed.broker.reason, message, now=now)
     if observed.archive is None or observed.started_at is None:
         return Step("look", plan.Decision(counters, ()))  # after a walk: its counters, then the archive again
     service_name = began.service_name if began is not None else ready.service_name
