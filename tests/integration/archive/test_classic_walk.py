@@ -74,7 +74,7 @@ def test_a_classic_walk_holds_a_share_a_channel_takes_no_arrival_and_puts_back_t
     with Connection(test_vhost_url) as connection:
         order, selected = fill(connection, "classic")
         arrivals = Arrivals(test_vhost_url, every=50)
-        walk = operations.Walk(connection, QUEUE, "classic")
+        walk = operations.Walk(connection, QUEUE, "classic", acknowledges=True)
         delivered_on: Counter[int] = Counter()
         try:
             for item, message in walk:
@@ -140,6 +140,8 @@ def test_a_classic_walk_longer_than_its_channels_hold_is_reported_cut_short(
     test_vhost_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(operations, "WALK_CHANNELS", 2)
+    # A count or a listing walks on one consumer unless the archive is larger than its window: so it is, here.
+    monkeypatch.setattr(operations, "PREFETCH_LIMIT", 1000)
     with Connection(test_vhost_url) as connection:
         order, selected = fill(connection, "classic")
         survey = operations.survey(connection, "billing", Selection(events=frozenset({CREATED})), 0, "classic")
@@ -223,3 +225,16 @@ def test_a_classic_replay_killed_half_way_with_arrivals_keeps_the_order_and_lose
     assert Counter(handler_ids).most_common(1)[0][1] == 1
     assert not set(arrivals.ids) & set(handler_ids), "no arrival replayed by a walk that began before it"
     assert listed(test_vhost_url)[-1]["task_id"] == arrivals.ids[-1]
+
+
+def test_a_count_of_a_classic_archive_takes_it_on_one_consumer(test_vhost_url: str) -> None:
+    """A count acknowledges nothing: one consumer takes the whole archive at once, where a chain would leave most of
+    it ready to another client's basic.get while it counts (the count then came up short)."""
+    with Connection(test_vhost_url) as connection:
+        fill(connection, "classic")
+        walk = operations.Walk(connection, QUEUE, "classic")
+        try:
+            assert (walk.chained, len(walk.channels)) == (False, 1)
+            assert sum(1 for _ in walk) == ARCHIVED
+        finally:
+            walk.close()

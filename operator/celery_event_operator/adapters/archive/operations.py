@@ -21,6 +21,7 @@ passed over is passed over again.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -49,6 +50,9 @@ CONFIRM_TIMEOUT_SECONDS = 60.0
 IDLE_SECONDS = 1.0
 TICK_SECONDS = 1.0  # heartbeats are 30 s apart (replay/runner.py): ticking once a second keeps them
 RETURN_SECONDS, RETURN_POLL_SECONDS = 10.0, 0.01  # how long a closed walk waits for what it put back, polled
+# A walk that acknowledged waits this long before it closes, and, when it held nothing more, as long after to look
+# whether any acknowledged message came back (see Walk._wait_for_returns).
+ACK_CHECK_SECONDS = 0.1
 CATCH_UP_SECONDS = 0.1  # a consumer with room in its window and nothing delivered for this long has seen all there is
 
 
@@ -107,13 +111,15 @@ class Walk:
     """Every message the archive held when the walk began, once, oldest first, left unacknowledged (on channels of
     its own: closing them puts back what was not acknowledged).
 
-    On a quorum archive (or one of unknown type): one consumer whose prefetch window covers the archive (up to
+    A walk that acknowledges nothing (a count, a listing), and any walk of a quorum archive (or one of unknown
+    type): one consumer whose prefetch window covers the archive (up to
     AMQP's 16-bit limit): what it passes over stays unacknowledged and keeps its place. Consumers restarted with a
     smaller window lost the order on quorum queues (measured: returned in another order, and after a SIGKILL or a
     channel closed mid-walk in no fixed order); one consumer kept it. A walk that passed over a whole window ends
     short (`window_full`): the move walks again.
 
-    On a classic archive: a chain of channels, one consumer at a time. RabbitMQ finds an acknowledged delivery by
+    A walk of a classic archive that acknowledges (a move), or that is larger than one window: a chain of
+    channels, one consumer at a time. RabbitMQ finds an acknowledged delivery by
     scanning its channel's unacknowledged deliveries from the oldest (rabbitmq-server#1511): one channel holding
     every passed-over message made a selective replay O(selected x passed over). Each consumer's window is
     min(CHANNEL_SHARE, what the walk began with less what earlier consumers took), so the chain's windows add up to
@@ -129,7 +135,13 @@ class Walk:
     """
 
     def __init__(
-        self, connection: Connection, queue: str, queue_type: str | None = None, bound: int | None = None
+        self,
+        connection: Connection,
+        queue: str,
+        queue_type: str | None = None,
+        bound: int | None = None,
+        *,
+        acknowledges: bool = False,
     ) -> None:
         self._connection = connection
         first = connection.channel()
@@ -139,11 +151,17 @@ class Walk:
         # messages (a replay's: what the archive held when it began, less what it moved — arrivals are after).
         depth = _depth(first, queue)
         self.ready = depth if bound is None else max(0, min(depth, bound))
-        self.chained = queue_type == "classic"
+        # The chain is for walks that acknowledge (a count or a listing acknowledges nothing): one consumer takes
+        # the whole archive at once, where the chain leaves most of it ready to another client's basic.get while it
+        # counts (a probe's took 38 of 6,000) — unless the archive is larger than one consumer's window.
+        self.chained = queue_type == "classic" and (acknowledges or self.ready > PREFETCH_LIMIT)
         self.window_full = False
         self.received = 0
         self._unacked = 0
         self._ticked = 0.0
+        self._acked = False
+        # False when, once closed, the archive held more than it should have had every acknowledgement been applied
+        self.returned_exactly = True
         self._delivered: collections.deque[amqp.Message] = collections.deque()
         self._held: dict[Any, set[int]] = {}  # each channel's delivery tags not acknowledged
         self._consumer: tuple[Any, str] | None = None
@@ -248,39 +266,52 @@ class Walk:
         channel.basic_ack(message.delivery_tag)
         self._held[channel].discard(message.delivery_tag)
         self._unacked -= 1
+        self._acked = True
 
     def close(self) -> None:
         """Put back what was not acknowledged. On a chain: the current consumer cancelled first (what is returned
         would be delivered to it again), then channel by channel, oldest first: each channel's deliveries returned
         at once (basic.nack, multiple, requeue), then the channel closed."""
-        if self._consumer is not None and self.chained:
-            self._cancel()  # deliveries in flight come before its cancel-ok: none after
+        if self._consumer is not None and (self.chained or self._acked):
+            # Deliveries in flight come before its cancel-ok: none after. Without it, a quorum queue ignored some
+            # acknowledgements sent just before its channel closed (rabbitmq-server#10327: a probe's purge left 9-25
+            # of 300 archived; with the consumer cancelled first, none in 10 trials).
+            self._cancel()
         returning = sum(len(held) for held in self._held.values())
-        try:
-            expected = _depth(self.channels[0], self.queue) + returning if returning else 0
-        except (amqp.exceptions.AMQPError, OSError):
-            expected = 0  # the connection failed: the broker puts them back when it drops it
+        expected = None
+        if returning or self._acked:
+            # A connection that failed leaves it None: the broker puts them back when it drops it.
+            with contextlib.suppress(amqp.exceptions.AMQPError, OSError):
+                expected = _depth(self.channels[0], self.queue) + returning
+        if self._acked:
+            time.sleep(ACK_CHECK_SECONDS)  # fewer acknowledgements in flight when it closes (rabbitmq-server#10327)
         for channel in self.channels:
             held = self._held.get(channel)
             if held and self.chained:
                 channel.send_method(amqp.spec.Basic.Nack, "Lbb", (max(held), True, True))  # py-amqp has no basic_nack
             channel.close()
-        if expected:
-            self._wait_for_returns(expected)
+        if expected is not None:
+            self._wait_for_returns(expected, returning)
 
-    def _wait_for_returns(self, expected: int) -> None:
+    def _wait_for_returns(self, expected: int, returning: int) -> None:
         """The broker puts returned messages back a moment after the channels closed (measured: 4,608 of 20,000
         back just after 40 classic channels closed; a quorum archive of 20,000 empty just after its one channel
         closed): a walk that follows at once would see part of the archive, or none of it, as all there is. Waits, a
         bounded time, until the archive holds them (arrivals only add to it; another client may take some
-        meanwhile)."""
+        meanwhile). Then checks the acknowledgements were applied: a close puts back what it held in one go, so more
+        than that means acknowledgements the broker dropped (a quorum queue ignores some sent just before its
+        channel closes: rabbitmq-server#10327) — or arrivals; with nothing held, it looks once the close had
+        ACK_CHECK_SECONDS to show."""
         channel = self._connection.channel()
         try:
+            if not returning:
+                time.sleep(ACK_CHECK_SECONDS)
             deadline = time.monotonic() + RETURN_SECONDS
-            while _depth(channel, self.queue) < expected and time.monotonic() < deadline:
+            while (depth := _depth(channel, self.queue)) < expected and time.monotonic() < deadline:
                 time.sleep(RETURN_POLL_SECONDS)
         finally:
             channel.close()
+        self.returned_exactly = depth == expected
 
 
 def archive_size(connection: Connection, service: str) -> int:
@@ -430,7 +461,7 @@ class _Pass:
         queue_type: str | None,
         bound: int | None,
     ) -> None:
-        self.walk = Walk(connection, queue, queue_type, bound)
+        self.walk = Walk(connection, queue, queue_type, bound, acknowledges=True)
         self._publisher = Confirmed(connection) if route is not None else None
         self._route = route
         self._tally = tally
@@ -538,6 +569,8 @@ def move(
             tally.whole, tally.archived, tally.selected = passes == 1 and seen_all, one.walk.ready, selected
         finally:
             one.close()
+        # What the walk saw is the archive only if the broker applied every acknowledgement it was sent.
+        tally.whole = tally.whole and one.walk.returned_exactly
     return tally
 
 

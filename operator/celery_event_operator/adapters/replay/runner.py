@@ -44,15 +44,19 @@ HEARTBEAT_SECONDS = 30.0
 # of the archive; asked up to STATISTICS_ATTEMPTS times a second apart.
 STATISTICS_SECONDS = 12.0
 STATISTICS_ATTEMPTS = 20
+COUNT_ATTEMPTS = 2  # a count given short is taken once more, after the statistics were asked again
 
 
 class LetGo:
     """When a walk of this process last let go of each archive (monotonic; whichever replay walked it): the
-    statistics may show that walk's messages as held until they were refreshed. Entries older than
-    STATISTICS_SECONDS tell nothing and are dropped."""
+    statistics may show that walk's messages as held until they were refreshed. The process's start counts as a
+    let-go of every archive: it may follow an operator killed while it held one, whose messages the statistics
+    show as held (and the broker may not have put back yet) a moment after. Entries older than STATISTICS_SECONDS
+    tell nothing and are dropped."""
 
     def __init__(self) -> None:
         self._at: dict[Key, float] = {}
+        self._started = time.monotonic()
 
     def now(self, key: Key) -> None:
         now = time.monotonic()
@@ -60,7 +64,7 @@ class LetGo:
         self._at[key] = now
 
     def refreshed_since(self, key: Key) -> bool:
-        return time.monotonic() - self._at.get(key, -float("inf")) > STATISTICS_SECONDS
+        return time.monotonic() - max(self._at.get(key, -float("inf")), self._started) > STATISTICS_SECONDS
 
 
 LET_GO = LetGo()
@@ -97,23 +101,25 @@ class ReplayRunner:
 
     async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
         """What other clients hold of the archive, asked while this runner holds nothing; then, when they hold
-        nothing, the archive counted. A count not given every message the archive held when it began says the
-        difference is held elsewhere: another client took them meanwhile (as a `basic.get` does, unseen by the
-        statistics asked a moment before), so the next look asks the statistics again once they are refreshed."""
+        nothing, the archive counted. A count not given every message the archive held when it began (another
+        client took some meanwhile, as a `basic.get` does, unseen by the statistics asked a moment before) is taken
+        again once the statistics were asked again, refreshed since; given short twice, the difference is held
+        elsewhere."""
         self._counted = None
-        held = await self._held_elsewhere(service)
-        if held:
-            return ArchiveSeen(0, 0, held)
-        surveyed = await self.survey(service, selection, keep, self._originals)
-        if not surveyed.whole:
-            raise UnsupportedOperationError(
-                f"the archive holds more messages than one walk can count ({surveyed.archived}; the walk ended "
-                "after the first ones), so what a replay would take is not known"
-            )
-        if surveyed.seen < surveyed.archived:
-            return ArchiveSeen(surveyed.archived, surveyed.matched, surveyed.archived - surveyed.seen)
-        self._counted, self._originals = surveyed.matched, surveyed.archived
-        return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
+        for _ in range(COUNT_ATTEMPTS):
+            held = await self._held_elsewhere(service)
+            if held:
+                return ArchiveSeen(0, 0, held)
+            surveyed = await self.survey(service, selection, keep, self._originals)
+            if not surveyed.whole:
+                raise UnsupportedOperationError(
+                    f"the archive holds more messages than one walk can count ({surveyed.archived}; the walk ended "
+                    "after the first ones), so what a replay would take is not known"
+                )
+            if surveyed.seen == surveyed.archived:
+                self._counted, self._originals = surveyed.matched, surveyed.archived
+                return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
+        return ArchiveSeen(surveyed.archived, surveyed.matched, surveyed.archived - surveyed.seen)
 
     async def seen_after_move(self, service: str) -> ArchiveSeen | None:
         """The archive as the last move left it, without walking it again, when that move's one walk saw all of it
