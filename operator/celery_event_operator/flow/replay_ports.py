@@ -32,8 +32,8 @@ class ReplayBroker(Protocol):
         ...
 
     async def seen_after_move(self, service: str) -> ArchiveSeen | None:
-        """The archive as the last move left it when that move walked all of it (and what others hold of it now);
-        None when it must be observed again."""
+        """The archive as the last move left it, when that move's walk saw all of it and nothing was held elsewhere
+        meanwhile (it selected as many events as the count before it); None when it must be observed again."""
         ...
 
     async def move(

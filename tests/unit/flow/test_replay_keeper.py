@@ -23,20 +23,16 @@ class Tally:
     unroutable: int = 0
     first: Archived | None = None
     last: Archived | None = None
-    whole: bool = False
 
 
 class FakeReplayBroker:
-    """Answers each observation with the next of `seen`; a move moves `moves` events and walked all the archive
-    when `whole` (then the archive is what it saw less what it moved)."""
+    """Answers each observation with the next of `seen`; a move moves `moves` events; after a move the archive is
+    `left` (None: it is observed again)."""
 
-    def __init__(
-        self, seen: list[ArchiveSeen], moves: list[int], held_after: int = 0, firsts: list[Archived] | None = None
-    ) -> None:
+    def __init__(self, seen: list[ArchiveSeen], moves: list[int], firsts: list[Archived] | None = None) -> None:
         self.seen = seen
         self.moves = moves
         self.firsts = firsts or []
-        self.held_after = held_after
         self.tally = Tally()
         self.asked: list[str] = []
         self.left: ArchiveSeen | None = None

@@ -3,8 +3,8 @@
 Reading never changes the archive. AMQP cannot browse a queue, so the tools consume messages without
 acknowledging them, on channels of their own, and close them: the broker then returns every
 unacknowledged message to its original position (measured on classic and quorum queues: order kept,
-bench/replay_speed.py). They consume (basic.consume: one consumer whose window covers a quorum archive, a chain of
-consumers on as many channels for a classic one: see Walk),
+bench/replay_speed.py). They consume (basic.consume: one consumer whose window covers the archive, or, for a move of a
+classic archive, a chain of consumers on as many channels: see Walk),
 not one basic.get per message: a round trip per message made a replay of 20,000 archived events with 60 %
 passed over run at ~130/s. Nothing is acknowledged but what was replayed — after the broker confirmed the
 copies, confirmed in small batches — or purged, so a replay killed half-way leaves each message either still
@@ -38,8 +38,8 @@ from celery_event_operator.core.errors import ArchiveNotFoundError, BrokerUnavai
 Progress = Callable[[int, int | None], None]  # done, of how many (None: not counted yet)
 SEGMENT_SECONDS = 600.0
 PREFETCH_LIMIT = 65_535  # AMQP's prefetch count is a 16-bit number
-# On a classic archive a walk takes at most this many messages on one channel, then goes on on another (see Walk),
-# and opens at most WALK_CHANNELS channels: 102,400 messages a walk.
+# A chained walk (a move of a classic archive: see Walk) takes at most this many messages on one channel, then goes
+# on on another, and opens at most WALK_CHANNELS channels: 102,400 messages a walk.
 CHANNEL_SHARE = 512
 WALK_CHANNELS = 200
 # Replayed copies are confirmed by the broker in batches of at most this many, or this old: one round trip per
@@ -77,7 +77,9 @@ class Tally:
     # Set when the move was one walk over every message the archive held when it began: what it saw then is the
     # archive's count, without walking it again.
     whole: bool = False
-    archived: int = 0  # messages that walk saw
+    # False once a walk's close showed acknowledgements the broker did not apply: what it moved may still be archived
+    applied: bool = True
+    archived: int = 0  # messages that walk was to take (what the archive held when it began, within the bound)
     selected: int = 0  # of which the selection took (moved, or left: unroutable, beyond the limit)
 
 
@@ -280,7 +282,8 @@ class Walk:
         returning = sum(len(held) for held in self._held.values())
         expected = None
         if returning or self._acked:
-            # A connection that failed leaves it None: the broker puts them back when it drops it.
+            # A connection that failed leaves it None (the broker puts them back when it drops it): not checked.
+            self.returned_exactly = False
             with contextlib.suppress(amqp.exceptions.AMQPError, OSError):
                 expected = _depth(self.channels[0], self.queue) + returning
         if self._acked:
@@ -539,8 +542,9 @@ def move(
     walked_to_the_end = False
     passes = 0
     while not walked_to_the_end and not stop.is_set() and (limit is None or tally.done < limit):
-        # What was moved left the archive's first `bound` messages: the rest of them are the first bound - done.
-        left = None if bound is None else bound - tally.done
+        # What was moved left the archive's first `bound` messages: the rest of them are the first bound - done
+        # (unless some acknowledgement was not applied: then where they end is not known).
+        left = None if bound is None or not tally.applied else bound - tally.done
         one = _Pass(connection, queue, route, tally, progress, queue_type=queue_type, bound=left)
         passes += 1
         segment_ends = time.monotonic() + SEGMENT_SECONDS
@@ -570,7 +574,8 @@ def move(
         finally:
             one.close()
         # What the walk saw is the archive only if the broker applied every acknowledgement it was sent.
-        tally.whole = tally.whole and one.walk.returned_exactly
+        tally.applied = tally.applied and one.walk.returned_exactly
+        tally.whole = tally.whole and tally.applied
     return tally
 
 
