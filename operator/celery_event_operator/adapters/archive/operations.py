@@ -542,9 +542,8 @@ def move(
     walked_to_the_end = False
     passes = 0
     while not walked_to_the_end and not stop.is_set() and (limit is None or tally.done < limit):
-        # What was moved left the archive's first `bound` messages: the rest of them are the first bound - done
-        # (unless some acknowledgement was not applied: then where they end is not known).
-        left = None if bound is None or not tally.applied else bound - tally.done
+        # What was moved left the archive's first `bound` messages: the rest of them are the first bound - done.
+        left = None if bound is None else bound - tally.done
         one = _Pass(connection, queue, route, tally, progress, queue_type=queue_type, bound=left)
         passes += 1
         segment_ends = time.monotonic() + SEGMENT_SECONDS

@@ -192,8 +192,7 @@ class ReplayRunner:
         finally:
             LET_GO.now(self._key(service))
             if self._originals is not None:
-                # A dropped acknowledgement leaves a moved message archived: where the originals end is not known.
-                self._originals = self._originals - self.tally.done if self.tally.applied else None
+                self._originals -= self.tally.done
 
     def halt(self) -> None:
         self.stop.set()
