@@ -50,7 +50,8 @@ ARCHIVE = "billing:archived"
 SKEWED_AT = 1_700_000_000.0  # an archived-at header long before any replay's start: a worker whose clock is behind
 
 
-def publish(channel: Any, event: str, archived_at: float, order_id: int = 0) -> str:
+def archived_message(event: str, archived_at: float, order_id: int) -> tuple[str, amqp.Message]:
+    """An archived Celery task message (its task id, the message) as the worker's archiving writes it."""
     task_id = str(uuid.uuid4())
     headers = {
         "lang": "py",
@@ -64,17 +65,15 @@ def publish(channel: Any, event: str, archived_at: float, order_id: int = 0) -> 
         naming.ARCHIVED_AT_HEADER: archived_at,
     }
     body = json.dumps([[order_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
-    channel.basic_publish_confirm(
-        amqp.Message(
-            body,
-            content_type="application/json",
-            content_encoding="utf-8",
-            application_headers=headers,
-            delivery_mode=2,
-        ),
-        exchange=naming.archive_name("billing"),
-        routing_key=event,
+    message = amqp.Message(
+        body, content_type="application/json", content_encoding="utf-8", application_headers=headers, delivery_mode=2
     )
+    return task_id, message
+
+
+def publish(channel: Any, event: str, archived_at: float, order_id: int = 0) -> str:
+    task_id, message = archived_message(event, archived_at, order_id)
+    channel.basic_publish_confirm(message, exchange=naming.archive_name("billing"), routing_key=event)
     return task_id
 
 
@@ -88,25 +87,7 @@ def bulk_archive(url: str, kinds: dict[str, int]) -> dict[str, list[str]]:
         channel = connection.default_channel
         for order_id, index in enumerate(order):
             event = plan[index]
-            task_id = str(uuid.uuid4())
-            headers = {
-                "lang": "py",
-                "task": event,
-                "id": task_id,
-                "root_id": task_id,
-                "parent_id": None,
-                "retries": 3,
-                naming.EXCEPTION_TYPE_HEADER: "ValueError",
-                naming.EXCEPTION_HEADER: f"ValueError: order {order_id}",
-                naming.ARCHIVED_AT_HEADER: SKEWED_AT,
-            }
-            message = amqp.Message(
-                json.dumps([[order_id], {}, {}]),
-                content_type="application/json",
-                content_encoding="utf-8",
-                application_headers=headers,
-                delivery_mode=2,
-            )
+            task_id, message = archived_message(event, SKEWED_AT, order_id)
             channel.basic_publish(message, exchange=naming.archive_name("billing"), routing_key=event)
             ids[event].append(task_id)
             ids["all"].append(task_id)
