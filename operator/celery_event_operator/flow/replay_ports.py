@@ -27,8 +27,8 @@ class ReplayBroker(Protocol):
     @property
     def tally(self) -> MoveProgress: ...  # the current (or last) move's
 
-    async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
-        """The archive counted whole, and what other clients hold of it."""
+    async def observe(self, service: str, selection: Selection, keep: int = 0, *, count: bool = True) -> ArchiveSeen:
+        """The archive counted whole (without `count`: its size only), and what other clients hold of it."""
         ...
 
     async def seen_after_move(self, service: str) -> ArchiveSeen | None:

@@ -2,10 +2,11 @@
 calls the adapters through its ports).
 
 The keeper only gathers facts and does what they call for: its spec and its status, its service, the broker of its
-Secret, its turn (one running replay per archive: broker, vhost, serviceName), then the archive (counted whole, and
-what other clients hold of it) — and after each fact `core/replay/conclusion.py` says what follows: look further,
-wait (and why, in its Succeeded condition), begin (written and seen written before anything moves), move (one walk
-of the archive, the counters in status every few seconds), stop or end. After each walk it observes again: it ends
+Secret, its turn (one running replay per archive: broker, vhost, serviceName), then the archive (what other clients
+hold of it, and its size before the replay begins, counted whole after) — and after each fact
+`core/replay/conclusion.py` says what follows: look further, wait (and why, in its Succeeded condition), begin
+(written and seen written before anything moves), move (one walk of the archive, the counters in status every few
+seconds), stop or end. After each walk it observes again: it ends
 only on what the broker shows. Stopped (the operator stops, the resource is deleted) it lets its broker work finish
 the events in hand; a replay that was started is resumed by whichever operator runs next; one whose service is
 deleted stops. Every status write goes through the one writer (flow/writer.py).
@@ -187,13 +188,16 @@ class ReplayKeeper:
             elif step.action == "move":
                 began = observed.began
                 assert began is not None  # a move follows a begin
+                if step.began is not None:  # its first count: written with the counters
+                    began = self._began = step.began
+                    observed = dataclasses.replace(observed, began=began)
                 if resumed:
                     resumed = False
                     self._logger.info(
-                        "replay %s resumes: %d of %d selected events already %s",
+                        "replay %s resumes: %d of %s selected events already %s",
                         self.name,
                         step.done,
-                        began.matched,
+                        "?" if began.matched is None else began.matched,
                         replay.done_field,
                     )
                 await self._write(step.decision.status_patch)
@@ -204,7 +208,8 @@ class ReplayKeeper:
     async def _look_at_archive(
         self, observed: conclusion.ReplayObserved, replay: plan.Replay, service_name: str, runner: ReplayBroker
     ) -> conclusion.ReplayObserved:
-        """The archive as the last walk left it when that walk saw all of it, else counted whole."""
+        """The archive as the last walk left it when that walk saw all of it, else counted whole; before a replay
+        begins, only its size (its first walk counts), unless it is a dry run."""
         began = observed.began
         if began is not None and observed.last_pass is not None:
             seen = await runner.seen_after_move(began.service_name)
@@ -213,7 +218,8 @@ class ReplayKeeper:
         started_at = began.started_at if began is not None else plan.start_time(time.time())
         name = began.service_name if began is not None else service_name
         keep = PREVIEW_SIZE if replay.spec.dry_run else 0
-        seen = await runner.observe(name, replay.selection(started_at), keep)
+        count = began is not None or replay.spec.dry_run
+        seen = await runner.observe(name, replay.selection(started_at), keep, count=count)
         return dataclasses.replace(observed, archive=seen, started_at=started_at)
 
     async def _move(

@@ -37,9 +37,13 @@ class FakeReplayBroker:
         self.asked: list[str] = []
         self.left: ArchiveSeen | None = None
 
-    async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
+    async def observe(self, service: str, selection: Selection, keep: int = 0, *, count: bool = True) -> ArchiveSeen:
+        seen = self.seen.pop(0)
+        if not count:  # the archive's size only (and what is held of it)
+            self.asked.append("size")
+            return dataclasses.replace(seen, selected=None, sample=(), originals=seen.archived)
         self.asked.append("observe")
-        return self.seen.pop(0)
+        return seen
 
     async def seen_after_move(self, service: str) -> ArchiveSeen | None:
         self.asked.append("seen_after_move")
@@ -128,8 +132,9 @@ def test_a_held_archive_holds_the_replay_until_it_is_back_then_it_runs_and_ends_
     assert reasons(kube) == ["ArchiveInUse", "ArchiveInUse", "Running", "Replayed"]
     assert posted == [("Normal", "ArchiveInUse"), ("Normal", "Started"), ("Normal", "Replayed")]
     assert broker.asked == [
-        *("observe", "close", "observe", "close"),  # held: looked at, nothing moved
-        *("observe", "move limit=None", "seen_after_move", "close"),  # no limit of its own: walks to the end
+        *("size", "close", "size", "close"),  # held: looked at, nothing moved
+        # Begun on the archive's size (no count first); no limit of its own: its walk goes to the end and counts
+        *("size", "move limit=None", "seen_after_move", "close"),
     ]
     status = kube.replay["status"]
     assert (status["matched"], status["replayed"], status["skipped"], status["remaining"]) == (1000, 1000, 0, 0)
@@ -173,10 +178,11 @@ def test_a_replay_that_walks_twice_shows_the_first_event_it_took() -> None:
     assert reasons(kube) == ["Running", "Replayed"]
     assert posted == [("Normal", "Started"), ("Normal", "Replayed")]
     assert broker.asked == [
-        *("observe", "move limit=None", "seen_after_move"),
-        *("observe", "move limit=None", "seen_after_move"),
+        *("size", "move limit=None", "seen_after_move"),
+        *("observe", "move limit=None", "seen_after_move"),  # its first count: 700 moved + 300 still archived
         *("observe", "close"),
     ]
+    assert kube.replay["status"]["matched"] == 1000
     status = kube.replay["status"]
     assert (status["replayed"], status["remaining"]) == (1000, 0)
     assert status["firstMessage"]["taskId"] == "t-first"

@@ -30,7 +30,7 @@ def service(ready: str = "True", reason: str = "Reconciled", message: str = "") 
     return conclusion.service_seen(found)
 
 
-def started(matched: int, archived: int = 1000) -> plan.Started:
+def started(matched: int | None, archived: int = 1000) -> plan.Started:
     return plan.Started(STARTED_AT, archived, matched, "billing", 1, None)
 
 
@@ -256,6 +256,93 @@ def observed(spec: dict[str, Any] | None = None, **facts: Any) -> ReplayObserved
             "",
             id="begin-without-a-management-API",
         ),
+        # --- begun without a count: the first walk counts as it goes, `matched` written once known --------------
+        pytest.param(
+            observed(archive=ArchiveSeen(1600, None, 0, originals=1600), written={}),
+            "begin",
+            "Running",
+            [("Normal", "Started")],
+            {"archived": 1600, "matched": None, "replayed": 0, "skipped": 0, "remaining": None},
+            "replay of archived events of billing started",
+            id="begin-without-a-count",
+        ),
+        pytest.param(
+            observed(began=started(None, archived=1600), archive=ArchiveSeen(1600, None, 0, originals=1600)),
+            "move",
+            None,
+            [],
+            {"replayed": 0, "matched": None, "remaining": None},
+            "",
+            id="move-the-first-walk-counts",
+        ),
+        pytest.param(
+            observed(began=started(None), archive=ArchiveSeen(600, 300, 0, originals=600), last_pass=PassDone(700, 0)),
+            "move",
+            None,
+            [],
+            {"matched": 1000, "replayed": 700, "remaining": 300},
+            "",
+            id="move-again-its-first-count-is-what-it-moved-and-what-is-left",
+        ),
+        pytest.param(
+            observed(
+                began=started(None, archived=1600),
+                archive=ArchiveSeen(600, 0, 0, originals=600),
+                last_pass=PassDone(1000, 0),
+            ),
+            "end",
+            "Replayed",
+            [("Normal", "Replayed")],
+            {"matched": 1000, "replayed": 1000, "skipped": 0, "remaining": 0},
+            "1000 of 1000 selected archived events of billing sent back",
+            id="end-its-first-walk-took-all",
+        ),
+        pytest.param(
+            observed(began=started(None, archived=1600), archive=ArchiveSeen(1100, 400, 0, originals=1000)),
+            "move",
+            None,
+            [],
+            {"matched": 1000, "replayed": 600, "remaining": 400},
+            "",
+            id="move-resumed-before-its-count-what-left-of-what-it-held-was-moved",
+        ),
+        pytest.param(
+            observed(began=started(None), archive=None, last_pass=PassDone(512, 0), halted="service deleted"),
+            "look",
+            None,
+            [],
+            {"replayed": 512, "matched": None},
+            "",
+            id="ServiceDeleted-during-its-first-walk-counts-first",
+        ),
+        pytest.param(
+            observed(
+                began=started(None),
+                archive=ArchiveSeen(488, 488, 0),
+                last_pass=PassDone(512, 0),
+                halted="service deleted",
+            ),
+            "end",
+            "ServiceDeleted",
+            [("Warning", "ServiceDeleted")],
+            {"replayed": 512, "matched": 1000, "remaining": 488},
+            "512 of 1000 selected archived events of billing sent back to its handler queues, 488 stay archived",
+            id="ServiceDeleted-during-its-first-walk-then-counted",
+        ),
+        pytest.param(
+            observed(
+                began=started(None),
+                broker=BrokerFailure("no archive", archive_not_found=True),
+                last_pass=PassDone(512, 0),
+                halted="service deleted",
+            ),
+            "end",
+            "ServiceDeleted",
+            [("Warning", "ServiceDeleted")],
+            {"replayed": 512, "matched": None},
+            "512 selected archived events of billing sent back to its handler queues, the others stay archived",
+            id="ServiceDeleted-during-its-first-walk-its-archive-gone",
+        ),
         pytest.param(
             observed({"dryRun": True}, began=started(1000), archive=ArchiveSeen(1000, 1000, 0)),
             "end",
@@ -417,6 +504,14 @@ def test_a_begin_says_what_began_and_the_next_look_moves() -> None:
         observed(began=step.began, archive=seen.archive, written=step.decision.status_patch), NOW
     )
     assert (then.action, then.done) == ("move", 0)
+
+
+def test_its_first_count_is_carried_into_what_it_began_with() -> None:
+    seen = observed(began=started(None), archive=ArchiveSeen(600, 300, 0, originals=600), last_pass=PassDone(700, 0))
+    step = conclusion.conclude(seen, NOW)
+    assert step.began == started(1000)
+    counted = conclusion.conclude(observed(began=started(1000), archive=ArchiveSeen(600, 300, 0)), NOW)
+    assert counted.began is None, "counted before: nothing new to carry"
 
 
 def test_what_the_log_says() -> None:

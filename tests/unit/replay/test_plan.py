@@ -92,7 +92,9 @@ def test_the_start_is_read_back_from_status_only_when_complete() -> None:
     status = {"startTime": plan.timestamp(NOW), "archived": 10, "matched": 4, "serviceName": "billing"}
     began = plan.started({**status, "observedGeneration": 1})
     assert began == plan.Started(NOW, 10, 4, "billing", 1, None)
-    assert plan.started({**status, "matched": None}) is None
+    # Begun without a count: its first walk counts (matched is written once known)
+    assert plan.started({**status, "matched": None}) == plan.Started(NOW, 10, None, "billing", None, None)
+    assert plan.started({**status, "archived": None}) is None
     assert plan.started({}) is None
     assert plan.spec_changed(2, began)
     assert not plan.spec_changed(1, began)

@@ -64,6 +64,7 @@ class Survey:
     # False when the walk ended short (window_full): the counts cover only the messages it saw
     whole: bool = True
     seen: int = 0  # messages the walk was given: fewer than `archived` when another client took some meanwhile
+    originals: int = 0  # of those, archived before the selection's start (selected or not)
 
 
 @dataclasses.dataclass
@@ -81,6 +82,7 @@ class Tally:
     applied: bool = True
     archived: int = 0  # messages that walk was to take (what the archive held when it began, within the bound)
     selected: int = 0  # of which the selection took (moved, or left: unroutable, beyond the limit)
+    late: int = 0  # of which were archived once the selection's start had passed (arrivals: never taken)
 
 
 @dataclasses.dataclass
@@ -356,6 +358,7 @@ def survey(
     found = Survey(archived=walk.ready, matched=0, sample=[])
     try:
         for item, _ in walk:
+            found.originals += selection.before_start(item)
             if selection.matches(item):
                 found.matched += 1
                 if len(found.sample) < keep:
@@ -547,7 +550,7 @@ def move(
         one = _Pass(connection, queue, route, tally, progress, queue_type=queue_type, bound=left)
         passes += 1
         segment_ends = time.monotonic() + SEGMENT_SECONDS
-        selected = 0
+        selected = late = 0
         try:
             walked_to_the_end, cut = True, False
             for item, message in one.walk:
@@ -560,6 +563,7 @@ def move(
                     walked_to_the_end = False
                     break
                 if not selection.matches(item):
+                    late += not selection.before_start(item)
                     continue
                 selected += 1
                 if pace.wait():
@@ -570,6 +574,7 @@ def move(
             walked_to_the_end = walked_to_the_end and not one.walk.window_full
             seen_all = walked_to_the_end and not cut and one.walk.received == one.walk.ready
             tally.whole, tally.archived, tally.selected = passes == 1 and seen_all, one.walk.ready, selected
+            tally.late = late
         finally:
             one.close()
         # What the walk saw is the archive only if the broker applied every acknowledgement it was sent.

@@ -82,6 +82,7 @@ class ReplayRunner:
         # Later counts and moves look at those only: an event archived meanwhile is after them, even when its
         # archived-at header (a worker's clock) says it was archived before the replay started.
         self._originals: int | None = None
+        self._walked: int | None = None  # the originals when the last move began
         self._pending: asyncio.Future[Any] | None = None
         self.display = settings.address.display
         self.stop = threading.Event()
@@ -99,13 +100,20 @@ class ReplayRunner:
         finally:
             LET_GO.now(self._key(service))
 
-    async def observe(self, service: str, selection: Selection, keep: int = 0) -> ArchiveSeen:
+    async def observe(self, service: str, selection: Selection, keep: int = 0, *, count: bool = True) -> ArchiveSeen:
         """What other clients hold of the archive, asked while this runner holds nothing; then, when they hold
-        nothing, the archive counted. A count not given every message the archive held when it began (another
-        client took some meanwhile, as a `basic.get` does, unseen by the statistics asked a moment before) is taken
-        again once the statistics were asked again, refreshed since; given short twice, the difference is held
-        elsewhere."""
+        nothing, the archive counted (without `count`: its size, all of it the replay's). A count not given every
+        message the archive held when it began (another client took some meanwhile, as a `basic.get` does, unseen
+        by the statistics asked a moment before) is taken again once the statistics were asked again, refreshed
+        since; given short twice, the difference is held elsewhere."""
         self._counted = None
+        if not count:
+            held = await self._held_elsewhere(service)
+            if held:
+                return ArchiveSeen(0, None, held)
+            size = await self._run(lambda connection: operations.archive_size(connection, service))
+            self._originals = size
+            return ArchiveSeen(size, None, held, originals=size)
         for attempt in range(COUNT_ATTEMPTS):
             held = await self._held_elsewhere(service, refreshed_only=attempt > 0)
             if held:
@@ -118,17 +126,25 @@ class ReplayRunner:
                 )
             if surveyed.seen == surveyed.archived:
                 self._counted, self._originals = surveyed.matched, surveyed.archived
-                return ArchiveSeen(surveyed.archived, surveyed.matched, held, tuple(surveyed.sample))
+                sample = tuple(surveyed.sample)
+                return ArchiveSeen(surveyed.archived, surveyed.matched, held, sample, surveyed.originals)
         return ArchiveSeen(surveyed.archived, surveyed.matched, surveyed.archived - surveyed.seen)
 
     async def seen_after_move(self, service: str) -> ArchiveSeen | None:
         """The archive as the last move left it, without walking it again, when that move's one walk saw all of it
         and selected as many events as the count before it: then no selected event was held elsewhere since that
-        count (which was taken when nothing was). None when it must be observed again."""
+        count (which was taken when nothing was). Without a count before it (a replay's first walk is its count),
+        when that walk was given every message the replay's were when it began and none archived since in their
+        place (as where another client took one while an event arrived). None when it must be observed again."""
         tally = self.tally
-        if not tally.whole or tally.selected != self._counted:
+        if not tally.whole:
             return None
-        return ArchiveSeen(tally.archived - tally.done, tally.selected - tally.done, 0)
+        if self._counted is None and (tally.archived != self._walked or tally.late):
+            return None
+        if self._counted is not None and tally.selected != self._counted:
+            return None
+        left = tally.archived - tally.done
+        return ArchiveSeen(left, tally.selected - tally.done, 0, originals=left)
 
     async def _held_elsewhere(self, service: str, *, refreshed_only: bool = False) -> int | None:
         """The archive's messages delivered to other clients and not acknowledged; None without a management API.
@@ -166,6 +182,7 @@ class ReplayRunner:
     ) -> operations.Tally:
         calls = 0
         self.tally = operations.Tally()
+        self._walked = self._originals
 
         def work(connection: Connection) -> operations.Tally:
             nonlocal calls

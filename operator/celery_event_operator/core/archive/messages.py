@@ -163,6 +163,11 @@ class Selection:
     def everything(self) -> bool:
         return self == Selection()
 
+    def before_start(self, item: Archived) -> bool:
+        """Archived before the action started (or at an unknown time), whether the filter takes it or not."""
+        moment = item.archived_at
+        return self.started_at is None or moment is None or moment < self.started_at
+
     def matches(self, item: Archived) -> bool:
         if self.events and item.event not in self.events:
             return False
@@ -170,9 +175,9 @@ class Selection:
             return False
         if self.task_ids and item.task_id not in self.task_ids:
             return False
-        moment = item.archived_at
-        if self.started_at is not None and moment is not None and moment >= self.started_at:
+        if not self.before_start(item):
             return False
+        moment = item.archived_at
         if self.archived_since is not None and (moment is None or moment < self.archived_since):
             return False
         return not (self.archived_until is not None and (moment is None or moment > self.archived_until))

@@ -9,8 +9,11 @@ Step says; `look` asks it for the next fact.
 - A replay counts and reports only on an archive it sees whole. Messages another client holds unacknowledged (as
   `archive list` does while it reads) are invisible to a walk: while there are any, the replay waits
   (`ArchiveInUse`, one Event when it starts waiting) — before it starts, when it resumes, and before it ends.
-- What it did is counted on the broker: replayed (or purged) = matched - selected events still archived, seen on
-  the whole archive. A resumed replay (after a SIGKILL) therefore counts only what left the archive.
+- It begins without a count (`startTime` and the archive's size written first): its first walk moves the selected
+  events at its rate and counts them as it goes, and `matched` is known once a walk saw the whole archive (or a
+  count after it). What it did is counted on the broker: replayed (or purged) = matched - selected events still
+  archived, seen on the whole archive; before `matched` is known, what left the archive of what it held at the
+  start (`moved_before`). A resumed replay (after a SIGKILL) therefore counts only what left the archive.
 - It ends when nothing it may take is left (all taken, beyond the limit, or no queue takes them); otherwise it
   walks the archive again.
 - A started replay whose service is deleted stops (`ServiceDeleted`, one Warning Event); what it moved stays
@@ -44,12 +47,13 @@ Halt = Literal["stopped", "spec changed", "service deleted"]
 
 @dataclasses.dataclass(frozen=True)
 class ArchiveSeen:
-    """One look at the archive, holding nothing while it was counted."""
+    """One look at the archive, holding nothing while it was counted (or, before a replay begins, its size)."""
 
-    archived: int  # messages the walk saw
-    selected: int  # of which the replay's selection takes
+    archived: int  # messages the walk saw (before a replay begins: the messages the archive holds)
+    selected: int | None  # of which the replay's selection takes; None: not counted (the first walk counts)
     held_elsewhere: int | None  # delivered to other clients, not acknowledged; None: unknown (no management API)
     sample: tuple[Archived, ...] = ()
+    originals: int = 0  # of the messages seen, those archived before the replay started (selected or not)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +136,9 @@ class ReplayObserved:
 class Step:
     """`look`: write the decision's fields (if any) and gather the next fact; `wait`: write and look again later;
     `begin`: write (and see written) before anything moves, then go on as `began`; `move`: walk the archive with
-    `done` already done, taking at most `limit`; `stop`: write the counters, the next operator resumes; `end`: write
-    the end, post its Event. `log`: a line for the operator's log (a warning when `warn`)."""
+    `done` already done, taking at most `limit` (with `began`: its first count, written with the counters); `stop`:
+    write the counters, the next operator resumes; `end`: write the end, post its Event. `log`: a line for the
+    operator's log (a warning when `warn`)."""
 
     action: Literal["look", "wait", "begin", "move", "stop", "end"]
     decision: plan.Decision
@@ -201,6 +206,11 @@ def conclude(observed: ReplayObserved, now: float) -> Step:
         return Step("end", plan.Decision({**counters, **ended.status_patch}, ended.events))
     if observed.halted == "service deleted" and began is not None and walked is not None:
         done = walked.done_before + walked.moved
+        seen = observed.archive
+        if began.matched is None and seen is None and observed.broker is None:
+            return Step("look", plan.Decision(counters, ()))  # stopped in its first walk: counted (read only) first
+        if began.matched is None and seen is not None and seen.selected is not None and not seen.held_elsewhere:
+            began = dataclasses.replace(began, matched=done + seen.selected)
         ended = service_deleted(previous, replay, began, done=done, unroutable=walked.unroutable, now=now)
         return _deleted(replay, plan.Decision({**counters, **ended.status_patch}, ended.events))
     ready = _before_the_archive(observed, replay, now=now)
@@ -282,38 +292,55 @@ def _from_the_archive(
         )
         started = plan.Started(started_at, seen.archived, seen.selected, service_name, replay.generation, None)
         return Step("begin", decision, began=started)
+    if seen.selected is None:  # just begun, not counted: its first walk counts what it selects as it goes
+        counters = plan.progressed(replay, matched=None, done=0, unroutable=0, first=None, last=None)
+        return Step("move", plan.Decision(counters, ()), 0, replay.spec.limit)
+    counted = None
+    matched = began.matched
+    if matched is None:  # the first count since it began: what it did, and what is still archived
+        matched = moved_before(began, last_pass, seen) + seen.selected
+        began = counted = dataclasses.replace(began, matched=matched)
     if replay.spec.dry_run:
         decision = plan.dry_run_ended(
             previous,
             replay,
             service_name=began.service_name,
-            matched=began.matched,
+            matched=matched,
             preview=seen.sample,
             now=now,
         )
         return Step("end", decision)
-    done = plan.done_before(began.matched, seen.selected)
+    done = plan.done_before(matched, seen.selected)
     unroutable = last_pass.unroutable if last_pass is not None else 0
-    left = min(replay.target(began.matched) - done, seen.selected - unroutable)
+    left = min(replay.target(matched) - done, seen.selected - unroutable)
     if left > 0 and (last_pass is None or last_pass.moved > 0):
         counters = plan.progressed(
-            replay, matched=began.matched, done=done, unroutable=0, first=began.first_message, last=None
+            replay, matched=matched, done=done, unroutable=0, first=began.first_message, last=None
         )
         # Without a limit of its own it walks to the end: what it takes is what its selection takes, and a walk
         # over all of the archive is what lets it end without looking again (ReplayBroker.seen_after_move).
-        limit = None if replay.spec.limit is None else max(0, replay.target(began.matched) - done)
-        return Step("move", plan.Decision(counters, ()), done, limit)
+        limit = None if replay.spec.limit is None else max(0, replay.target(matched) - done)
+        return Step("move", plan.Decision(counters, ()), done, limit, began=counted)
     decision = plan.ended(
         previous,
         replay,
         service_name=began.service_name,
         archived=began.archived,
-        matched=began.matched,
+        matched=matched,
         done=done,
         last=None,
         now=now,
     )
     return Step("end", decision, done)
+
+
+def moved_before(began: plan.Started, last_pass: PassDone | None, seen: ArchiveSeen) -> int:
+    """What a replay that began without a count moved before its first count: what its walks did, as this keeper
+    saw them; resumed (after a restart, a lost connection), the messages archived before its start that are no
+    longer archived — only moves take them (an event that expires or is pushed out meanwhile counts as moved)."""
+    if last_pass is not None:
+        return last_pass.done_before + last_pass.moved
+    return max(0, began.archived - seen.originals)
 
 
 def _wait(observed: ReplayObserved, replay: plan.Replay, reason: str, message: str, *, now: float) -> Step:
@@ -370,12 +397,15 @@ def service_deleted(
     now: float,
 ) -> plan.Decision:
     """Its service was deleted while it ran: stopped; what it moved counted, the rest left archived."""
-    left = max(0, began.matched - done)
     where = "purged" if replay.purge else "sent back to its handler queues"
-    message = (
-        f"service {replay.service} was deleted: the replay stopped; {done} of {began.matched} selected archived "
-        f"events of {began.service_name} {where}, {left} stay archived"
-    )
+    if began.matched is None:  # stopped before its first walk counted them
+        counted = f"{done} selected archived events of {began.service_name} {where}, the others stay archived"
+    else:
+        left = max(0, began.matched - done)
+        counted = (
+            f"{done} of {began.matched} selected archived events of {began.service_name} {where}, {left} stay archived"
+        )
+    message = f"service {replay.service} was deleted: the replay stopped; {counted}"
     failed = plan.failed(previous, replay.generation, SERVICE_DELETED, message, now=now)
     counters = plan.progressed(replay, matched=began.matched, done=done, unroutable=unroutable, first=None, last=None)
     return plan.Decision({**counters, **failed.status_patch}, failed.events)

@@ -6,11 +6,14 @@ once it ended, kept until the resource is deleted.
 
 Only events archived before the replay started are taken (`status.startTime`): a replayed event that fails
 again is archived again and must not be replayed a second time. What a started replay must survive — a
-restart, a SIGKILL, a lost broker connection — it survives through two numbers written before anything
-moves: `startTime` and `matched` (the events the filter selected then). A replay that resumes counts the
-selected events still archived, on an archive it sees whole (replay/conclusion.py): the others are gone, so
-replayed (or purged) = matched - still archived, exact whatever the last status write had time to say, and it
-goes on with the rest.
+restart, a SIGKILL, a lost broker connection — it survives through what is written before anything moves:
+`startTime` and `archived` (the messages the archive held then). Its first walk counts what the filter selects
+as it moves them (a count first would walk the whole archive before the first event moves), and `matched` is
+written once known. A replay that resumes counts the selected events still archived, on an archive it sees whole
+(replay/conclusion.py): the others are gone, so replayed (or purged) = matched - still archived; resumed before
+`matched` was written, what it moved is what left the archive of what it held at the start (`archived` - those
+still archived that were archived before `startTime`). Either is exact whatever the last status write had time
+to say, and it goes on with the rest.
 """
 
 from __future__ import annotations
@@ -143,11 +146,11 @@ def start_time(now: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Started:
-    """What the status of a started replay says (written before anything moved)."""
+    """What the status of a started replay says (written before anything moved; `matched` once counted)."""
 
     started_at: float
     archived: int
-    matched: int
+    matched: int | None
     service_name: str
     generation: int | None
     first_message: Mapping[str, Any] | None
@@ -156,9 +159,10 @@ class Started:
 def started(status: Mapping[str, Any]) -> Started | None:
     began = parse_time(status.get("startTime"))
     matched, archived, service = status.get("matched"), status.get("archived"), status.get("serviceName")
-    if began is None or not isinstance(matched, int) or not isinstance(archived, int) or not isinstance(service, str):
+    if began is None or not isinstance(archived, int) or not isinstance(service, str):
         return None
-    return Started(began, archived, matched, service, status.get("observedGeneration"), status.get("firstMessage"))
+    counted = matched if isinstance(matched, int) else None
+    return Started(began, archived, counted, service, status.get("observedGeneration"), status.get("firstMessage"))
 
 
 def succeeded(status: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -285,45 +289,51 @@ def begun(
     service_name: str,
     started_at: float,
     archived: int,
-    matched: int,
+    matched: int | None,
 ) -> Decision:
-    """Counted, not yet moved: written (and seen written) before anything moves; the start's Event."""
-    target = replay.target(matched)
+    """Not yet moved: written (and seen written) before anything moves; the start's Event. `matched` None: not
+    counted yet (the first walk counts what it selects as it goes)."""
     dry = " (dry run)" if replay.spec.dry_run else ""
-    message = f"{replay.spec.action}{dry} of {target} archived events of {service_name} started"
     status: dict[str, Any] = {
         "observedGeneration": replay.generation,
         "serviceName": service_name,
         "startTime": timestamp(started_at),
         "archived": archived,
-        "matched": matched,
         replay.done_field: 0,
         "skipped": 0,
-        "remaining": target,
-        "conditions": _conditions(previous, replay.generation, "Unknown", RUNNING, message, now=started_at),
     }
-    note = (
-        f"{replay.spec.action}{dry} of {service_name}'s archive started: {matched} of {archived} archived events "
-        f"selected ({describe_filter(replay.spec)}), {target} to take"
-    )
+    if matched is None:
+        message = f"{replay.spec.action}{dry} of archived events of {service_name} started"
+        note = (
+            f"{replay.spec.action}{dry} of {service_name}'s archive started: {archived} archived events, those "
+            f"selected ({describe_filter(replay.spec)}) counted as they are taken"
+        )
+    else:
+        target = replay.target(matched)
+        status |= {"matched": matched, "remaining": target}
+        message = f"{replay.spec.action}{dry} of {target} archived events of {service_name} started"
+        note = (
+            f"{replay.spec.action}{dry} of {service_name}'s archive started: {matched} of {archived} archived "
+            f"events selected ({describe_filter(replay.spec)}), {target} to take"
+        )
+    status["conditions"] = _conditions(previous, replay.generation, "Unknown", RUNNING, message, now=started_at)
     return Decision(status, (EventNote("Normal", "Started", note),))
 
 
 def progressed(
     replay: Replay,
     *,
-    matched: int,
+    matched: int | None,
     done: int,
     unroutable: int,
     first: Mapping[str, Any] | None,
     last: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """The counters while it runs (the condition stays as `begun` wrote it: no write per message)."""
-    status: dict[str, Any] = {
-        replay.done_field: done,
-        "skipped": unroutable,
-        "remaining": max(0, replay.target(matched) - done - unroutable),
-    }
+    """The counters while it runs (the condition stays as `begun` wrote it: no write per message); what remains
+    once it was counted."""
+    status: dict[str, Any] = {replay.done_field: done, "skipped": unroutable}
+    if matched is not None:
+        status |= {"matched": matched, "remaining": max(0, replay.target(matched) - done - unroutable)}
     if first is not None:
         status["firstMessage"] = first
     if last is not None:
@@ -375,6 +385,7 @@ def ended(
     if others > 0:
         message += f"; {others} other archived events were not selected"
     status: dict[str, Any] = {
+        "matched": matched,
         replay.done_field: done,
         "skipped": skipped,
         "remaining": 0,
