@@ -348,7 +348,7 @@ def _follow(kube: Any, namespace: str, name: str, verb: str) -> int:
         now = plan.seen(body)
         if now.state in ("True", "False"):
             break
-        if now.reason == plan.RUNNING and now.total is not None:
+        if now.reason == plan.RUNNING:  # its total once counted (its first walk counts as it goes)
             _progress(now.done, now.total, verb)
             barred = True
         elif now.message and now.message != told:
@@ -364,7 +364,7 @@ def _follow(kube: Any, namespace: str, name: str, verb: str) -> int:
                 file=sys.stderr,
             )
         time.sleep(FOLLOW_SECONDS)
-    if barred and now.total is not None:
+    if barred:
         _progress(now.done, now.total, verb)
         print(file=sys.stderr)
     for item in (body.get("status") or {}).get("preview") or []:

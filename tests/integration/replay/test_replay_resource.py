@@ -375,6 +375,7 @@ def test_the_command_line_goes_through_the_cluster(
     assert done.returncode == 0, done.stderr
     assert "40 of 50 selected archived events of billing sent back to its handler queues; 10 skipped" in done.stdout
     assert "created CeleryEventReplay billing-replay-" in done.stderr
+    assert "waiting:" not in done.stderr, "running, before it was counted too: not waiting"
     assert "guest" not in done.stdout + done.stderr
     assert [m.headers["id"] for m in drain(test_vhost_url, f"billing.{CREATED}")] == ids[CREATED][:40]
 
