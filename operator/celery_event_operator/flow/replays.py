@@ -96,6 +96,8 @@ class ReplayKeeper:
         self._writer = StatusWriter(context.cluster.patch_replay_status, None, self.namespace, self.name, logger)
         self._written: dict[str, Any] = {}  # status fields as last written (or shown)
         self._began: plan.Started | None = None  # as last written (the watch may not have brought it back yet)
+        # Its last walk, while it is not counted yet: what it moved is known exactly across a wait that follows it
+        self._walked: conclusion.PassDone | None = None
         self.holder = f"{self.namespace}/{self.name}"
         self._slot: Key | None = None
 
@@ -119,7 +121,8 @@ class ReplayKeeper:
         except InvalidSpecError as exc:
             replay = exc
         began = self._began or plan.started(self.body.get("status") or {})
-        observed = conclusion.ReplayObserved(replay, specs.generation_of(self.body), began, {})
+        walked = self._walked if began is not None and began.matched is None else None
+        observed = conclusion.ReplayObserved(replay, specs.generation_of(self.body), began, {}, last_pass=walked)
         step = self._conclude(observed)
         if step.action != "look" or not isinstance(replay, plan.Replay):
             return await self._perform(step)
@@ -220,6 +223,8 @@ class ReplayKeeper:
         keep = PREVIEW_SIZE if replay.spec.dry_run else 0
         count = began is not None or replay.spec.dry_run
         seen = await runner.observe(name, replay.selection(started_at), keep, count=count)
+        if began is None and seen.at is not None:  # it starts when the archive's size was read
+            started_at = plan.start_time(seen.at)
         return dataclasses.replace(observed, archive=seen, started_at=started_at)
 
     async def _move(
@@ -252,8 +257,8 @@ class ReplayKeeper:
                 halt = "service deleted"
             if halt is not None:
                 runner.halt()
-            await self._write(conclusion.progress(replay, began, self._walked(began, step.done, runner.tally)))
-        walked = self._walked(began, step.done, moving.result())  # a broker failure is raised here
+            await self._write(conclusion.progress(replay, began, self._pass_done(began, step.done, runner.tally)))
+        walked = self._walked = self._pass_done(began, step.done, moving.result())  # a broker failure is raised here
         if walked.first is not None:
             began = self._began = dataclasses.replace(began, first_message=walked.first)
         return dataclasses.replace(
@@ -269,7 +274,7 @@ class ReplayKeeper:
         return conclusion.halted_by(stopped=bool(self._stopped), spec_changed=changed, service_deleted=deleted)
 
     @staticmethod
-    def _walked(began: plan.Started, before: int, tally: MoveProgress) -> conclusion.PassDone:
+    def _pass_done(began: plan.Started, before: int, tally: MoveProgress) -> conclusion.PassDone:
         first = began.first_message or plan.message_view(tally.first)
         return conclusion.PassDone(tally.done, tally.unroutable, before, first, plan.message_view(tally.last))
 

@@ -10,17 +10,20 @@ import asyncio
 import json
 import time
 import uuid
+from typing import Any
 
 import amqp
 import pytest
 from kombu.connection import Connection
 
+from celery_event_operator.adapters.archive import operations
 from celery_event_operator.adapters.replay.runner import ReplayRunner
 from celery_event_operator.adapters.topology import apply
 from celery_event_operator.core import naming
 from celery_event_operator.core.api.models import parse_spec
 from celery_event_operator.core.archive.messages import Selection
 from celery_event_operator.core.broker.settings import settings_from_secret
+from celery_event_operator.core.errors import UnsupportedOperationError
 from celery_event_operator.core.replay.conclusion import ArchiveSeen
 from celery_event_operator.core.topology import plan
 from tests.integration.archive.test_archive_tools import CREATED, SPEC, archive_task
@@ -37,16 +40,23 @@ def arrival(channel: amqp.Channel) -> None:
     channel.basic_publish_confirm(message, exchange=QUEUE, routing_key=CREATED)
 
 
+def archived_with_a_runner(
+    url: str, connection: Connection, queue_type: str, runner_class: type[ReplayRunner] = ReplayRunner
+) -> tuple[amqp.Channel, ReplayRunner]:
+    """`ARCHIVED` events archived (before the test's replay starts), and the replay's broker runner."""
+    apply.apply(connection, plan.plan("billing", parse_spec({**SPEC, "queueType": queue_type})))
+    channel = connection.channel()
+    for index in range(ARCHIVED):
+        archive_task(channel, index, CREATED)
+    settings = settings_from_secret({"url": url}, namespace="default", secret="rabbitmq", spec=parse_spec(SPEC))
+    return channel, runner_class(settings, queue_type)
+
+
 def first_walk(url: str, queue_type: str, *, grab: bool) -> tuple[ArchiveSeen, int, ArchiveSeen | None]:
     """The runner's first look (the size), then, with `grab`, another client takes one of the archived events (and
     holds it) while one arrives; then its first walk: what it looked at, what the walk moved, what it concludes."""
     with Connection(url) as connection:
-        apply.apply(connection, plan.plan("billing", parse_spec({**SPEC, "queueType": queue_type})))
-        channel = connection.channel()
-        for index in range(ARCHIVED):
-            archive_task(channel, index, CREATED)
-        settings = settings_from_secret({"url": url}, namespace="default", secret="rabbitmq", spec=parse_spec(SPEC))
-        runner = ReplayRunner(settings, queue_type)
+        channel, runner = archived_with_a_runner(url, connection, queue_type)
         selection = Selection(started_at=time.time())
 
         async def replay() -> tuple[ArchiveSeen, int, ArchiveSeen | None]:
@@ -81,3 +91,46 @@ def test_a_first_walk_given_an_arrival_in_place_of_a_held_event_counts_again(
     assert looked.archived == ARCHIVED
     assert moved == ARCHIVED - 1, "the held one was not given to the walk; the arrival was, and is not taken"
     assert concluded is None, "counted again (where the held event is seen held), not ended from the walk"
+
+
+def begin_on(url: str, queue_type: str, runner_class: type[ReplayRunner] = ReplayRunner) -> ArchiveSeen:
+    """What a replay begins on: the runner's look at the archive's size (`ARCHIVED` archived events)."""
+    with Connection(url) as connection:
+        _, runner = archived_with_a_runner(url, connection, queue_type, runner_class)
+        try:
+            return asyncio.run(runner.observe("billing", Selection(started_at=time.time()), count=False))
+        finally:
+            runner.close()
+
+
+def test_an_archive_larger_than_one_walk_is_refused_before_anything_moves(
+    test_vhost_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As when it counted first: beyond one walk its first walk could not count it (nor end), so it waits with the
+    reason. The bound is lowered to the test's archive (65,535 on one consumer otherwise)."""
+    monkeypatch.setattr(operations, "PREFETCH_LIMIT", ARCHIVED - 1)
+    with pytest.raises(UnsupportedOperationError, match=f"more messages than one walk can count \\({ARCHIVED}\\)"):
+        begin_on(test_vhost_url, "quorum")
+
+
+def test_a_size_read_after_another_client_took_some_is_not_begun_on(test_vhost_url: str) -> None:
+    """Nothing held when the statistics were asked, then a client takes one (as `archive list` does) before the size
+    is read: the size is short of what was ready, so what was taken counts as held, and the replay waits — before,
+    it began on the rest, and ended Replayed with the taken ones still archived once they were back."""
+    grabbed: list[Any] = []
+
+    class Grabbing(ReplayRunner):
+        async def _held_elsewhere(self, service: str, *, refreshed_only: bool = False) -> tuple[int | None, int | None]:
+            found = await super()._held_elsewhere(service, refreshed_only=refreshed_only)
+            connection = Connection(test_vhost_url)
+            channel = connection.channel()
+            grabbed.append((connection, channel.basic_get(QUEUE, no_ack=False)))
+            return found
+
+    try:
+        seen = begin_on(test_vhost_url, "classic", Grabbing)
+    finally:
+        for connection, _ in grabbed:
+            connection.release()
+    assert grabbed[0][1] is not None
+    assert (seen.archived, seen.selected, seen.held_elsewhere) == (0, None, 1), "waits: one is held"

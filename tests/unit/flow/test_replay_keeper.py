@@ -188,6 +188,26 @@ def test_a_replay_that_walks_twice_shows_the_first_event_it_took() -> None:
     assert status["firstMessage"]["taskId"] == "t-first"
 
 
+def test_what_its_first_walk_moved_stays_known_across_a_wait_before_its_count() -> None:
+    """1,000 of 1,200 archived selected; the first walk moves 700, the count that follows finds 300 held elsewhere;
+    by the next look 50 unselected ones expired. What it moved is the 700 it saw moved, not the 750 gone from what
+    the archive held at the start; and once it moves again its condition says so (not the wait's)."""
+    broker = FakeReplayBroker(
+        seen=[
+            ArchiveSeen(1200, 1000, 0),
+            ArchiveSeen(0, 0, 300),
+            ArchiveSeen(450, 300, 0, originals=450),
+            ArchiveSeen(150, 0, 0, originals=150),
+        ],
+        moves=[700, 300],
+    )
+    kube, _ = run(body(), ready_service(), broker, attempts=2)
+
+    assert reasons(kube) == ["Running", "ArchiveInUse", "Running", "Replayed"]
+    status = kube.replay["status"]
+    assert (status["matched"], status["replayed"], status["skipped"], status["remaining"]) == (1000, 1000, 0, 0)
+
+
 def test_a_resumed_replay_goes_on_from_its_start_as_status_shows_it() -> None:
     """Resumed after a SIGKILL, before anything moved: its start and count stand through every walk."""
     begun = plan.begun(

@@ -362,6 +362,15 @@ def observed(spec: dict[str, Any] | None = None, **facts: Any) -> ReplayObserved
             id="move-a-resume-counts-what-left-the-archive",
         ),
         pytest.param(
+            observed(began=started(2000), archive=ArchiveSeen(1190, 1190, 0), written=archive_in_use_shown()),
+            "move",
+            "Running",
+            [],
+            {"replayed": 810, "remaining": 1190},
+            "replay of archived events of billing goes on",
+            id="move-after-a-wait-says-Running-again",
+        ),
+        pytest.param(
             observed(began=started(1000), archive=ArchiveSeen(600, 300, 0), last_pass=PassDone(700, 0)),
             "move",
             None,

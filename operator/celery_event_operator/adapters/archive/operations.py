@@ -82,7 +82,9 @@ class Tally:
     applied: bool = True
     archived: int = 0  # messages that walk was to take (what the archive held when it began, within the bound)
     selected: int = 0  # of which the selection took (moved, or left: unroutable, beyond the limit)
-    late: int = 0  # of which were archived once the selection's start had passed (arrivals: never taken)
+    # of which were archived once the selection's start had passed (arrivals: never taken), or at an unknown time:
+    # not surely among what the archive held when the replay began
+    late: int = 0
 
 
 @dataclasses.dataclass
@@ -317,6 +319,11 @@ class Walk:
         finally:
             channel.close()
         self.returned_exactly = depth == expected
+
+
+def walk_capacity(queue_type: str | None) -> int:
+    """The most messages one walk takes: one consumer's 16-bit window; on a classic archive, a chain's channels."""
+    return WALK_CHANNELS * CHANNEL_SHARE if queue_type == "classic" else PREFETCH_LIMIT
 
 
 def archive_size(connection: Connection, service: str) -> int:
@@ -562,8 +569,8 @@ def move(
                 if time.monotonic() > segment_ends:
                     walked_to_the_end = False
                     break
+                late += item.archived_at is None or not selection.before_start(item)
                 if not selection.matches(item):
-                    late += not selection.before_start(item)
                     continue
                 selected += 1
                 if pace.wait():

@@ -70,6 +70,13 @@ class LetGo:
 LET_GO = LetGo()
 
 
+def _larger_than_a_walk(archived: int) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        f"the archive holds more messages than one walk can count ({archived}), so what a replay would take is not "
+        "known"
+    )
+
+
 class ReplayRunner:
     def __init__(self, settings: BrokerSettings, queue_type: str | None = None) -> None:
         material = settings.tls
@@ -108,27 +115,35 @@ class ReplayRunner:
         since; given short twice, the difference is held elsewhere."""
         self._counted = None
         if not count:
-            held = await self._held_elsewhere(service)
-            if held:
-                return ArchiveSeen(0, None, held)
-            size = await self._run(lambda connection: operations.archive_size(connection, service))
-            self._originals = size
-            return ArchiveSeen(size, None, held, originals=size)
+            return await self._size(service)
         for attempt in range(COUNT_ATTEMPTS):
-            held = await self._held_elsewhere(service, refreshed_only=attempt > 0)
+            held, _ = await self._held_elsewhere(service, refreshed_only=attempt > 0)
             if held:
                 return ArchiveSeen(0, 0, held)
             surveyed = await self.survey(service, selection, keep, self._originals)
             if not surveyed.whole:
-                raise UnsupportedOperationError(
-                    f"the archive holds more messages than one walk can count ({surveyed.archived}; the walk ended "
-                    "after the first ones), so what a replay would take is not known"
-                )
+                raise _larger_than_a_walk(surveyed.archived)
             if surveyed.seen == surveyed.archived:
                 self._counted, self._originals = surveyed.matched, surveyed.archived
                 sample = tuple(surveyed.sample)
                 return ArchiveSeen(surveyed.archived, surveyed.matched, held, sample, surveyed.originals)
         return ArchiveSeen(surveyed.archived, surveyed.matched, surveyed.archived - surveyed.seen)
+
+    async def _size(self, service: str) -> ArchiveSeen:
+        """The archive's size, all of it the replay's, and when it was read (the replay's start): taken once nobody
+        holds any of it, and only when nothing left it since the statistics said so (a client that took messages in
+        between, as `archive list` does, would have them taken for none: they count as held)."""
+        held, ready = await self._held_elsewhere(service)
+        if held:
+            return ArchiveSeen(0, None, held)
+        at = time.time()
+        size = await self._run(lambda connection: operations.archive_size(connection, service))
+        if ready is not None and size < ready:  # arrivals only add: fewer means some were taken meanwhile
+            return ArchiveSeen(0, None, ready - size)
+        if size > operations.walk_capacity(self._queue_type):
+            raise _larger_than_a_walk(size)
+        self._originals = size
+        return ArchiveSeen(size, None, held, originals=size, at=at)
 
     async def seen_after_move(self, service: str) -> ArchiveSeen | None:
         """The archive as the last move left it, without walking it again, when that move's one walk saw all of it
@@ -146,14 +161,15 @@ class ReplayRunner:
         left = tally.archived - tally.done
         return ArchiveSeen(left, tally.selected - tally.done, 0, originals=left)
 
-    async def _held_elsewhere(self, service: str, *, refreshed_only: bool = False) -> int | None:
-        """The archive's messages delivered to other clients and not acknowledged; None without a management API.
-        Its figures lag: they are taken once the API's ready count is the broker's own (passive declare), and, with
-        `refreshed_only`, once they were surely refreshed since this process let go of the archive."""
+    async def _held_elsewhere(self, service: str, *, refreshed_only: bool = False) -> tuple[int | None, int | None]:
+        """The archive's messages delivered to other clients and not acknowledged, and its ready ones then; (None,
+        None) without a management API. Its figures lag: they are taken once the API's ready count is the broker's
+        own (passive declare), and, with `refreshed_only`, once they were surely refreshed since this process let go
+        of the archive."""
         queue = naming.archive_name(service)
         listing = QueueListing(self._settings.address, self._settings.management_url, self._tls)
         try:
-            counts = None
+            counts, ready = None, None
             for _ in range(STATISTICS_ATTEMPTS):
                 ready = await self._run(lambda connection: operations.archive_size(connection, service))
                 counts = await listing.queue(queue)
@@ -162,9 +178,9 @@ class ReplayRunner:
                     break
                 await asyncio.sleep(1.0)
         except ManagementUnavailableError:
-            return None
+            return None, None
         else:
-            return None if counts is None else counts.unacknowledged
+            return (None, None) if counts is None else (counts.unacknowledged, ready)
         finally:
             await listing.close()
 

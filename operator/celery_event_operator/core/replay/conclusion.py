@@ -54,6 +54,7 @@ class ArchiveSeen:
     held_elsewhere: int | None  # delivered to other clients, not acknowledged; None: unknown (no management API)
     sample: tuple[Archived, ...] = ()
     originals: int = 0  # of the messages seen, those archived before the replay started (selected or not)
+    at: float | None = None  # when its size was read, before a replay begins (unix time): the replay's start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,9 +293,10 @@ def _from_the_archive(
         )
         started = plan.Started(started_at, seen.archived, seen.selected, service_name, replay.generation, None)
         return Step("begin", decision, began=started)
+    running = plan.running_again(previous, replay, began.service_name, now=now)
     if seen.selected is None:  # just begun, not counted: its first walk counts what it selects as it goes
         counters = plan.progressed(replay, matched=None, done=0, unroutable=0, first=None, last=None)
-        return Step("move", plan.Decision(counters, ()), 0, replay.spec.limit)
+        return Step("move", plan.Decision(counters | running, ()), 0, replay.spec.limit)
     counted = None
     matched = began.matched
     if matched is None:  # the first count since it began: what it did, and what is still archived
@@ -320,7 +322,7 @@ def _from_the_archive(
         # Without a limit of its own it walks to the end: what it takes is what its selection takes, and a walk
         # over all of the archive is what lets it end without looking again (ReplayBroker.seen_after_move).
         limit = None if replay.spec.limit is None else max(0, replay.target(matched) - done)
-        return Step("move", plan.Decision(counters, ()), done, limit, began=counted)
+        return Step("move", plan.Decision(counters | running, ()), done, limit, began=counted)
     decision = plan.ended(
         previous,
         replay,

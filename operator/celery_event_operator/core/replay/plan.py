@@ -11,16 +11,16 @@ restart, a SIGKILL, a lost broker connection — it survives through what is wri
 as it moves them (a count first would walk the whole archive before the first event moves), and `matched` is
 written once known. A replay that resumes counts the selected events still archived, on an archive it sees whole
 (replay/conclusion.py): the others are gone, so replayed (or purged) = matched - still archived; resumed before
-`matched` was written, what it moved is what left the archive of what it held at the start (`archived` - those
-still archived that were archived before `startTime`). Either is exact whatever the last status write had time
-to say, and it goes on with the rest.
+`matched` was written (in another process, or after a lost connection), what it moved is what left the archive of
+what it held at the start (`archived` - those still archived that were archived before `startTime`: exact unless an
+unselected one left otherwise, as by expiry). Either holds whatever the last status write had time to say, and it
+goes on with the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -140,8 +140,17 @@ def timestamp(seconds: float) -> str:
 
 
 def start_time(now: float) -> float:
-    """The whole second a replay starts at: what `status.startTime` can say exactly."""
-    return float(math.floor(now))
+    """The millisecond a replay starts at: what `status.startTime` says exactly (read back, the same number). A
+    whole second would make events archived in the second before its size was read count as arrivals although
+    `archived` holds them (and a resume count them as moved)."""
+    moment = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000).timestamp()
+
+
+def start_timestamp(started_at: float) -> str:
+    """`status.startTime`: RFC 3339 to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(started_at, tz=datetime.UTC)
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{moment.microsecond // 1000:03d}Z"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +306,7 @@ def begun(
     status: dict[str, Any] = {
         "observedGeneration": replay.generation,
         "serviceName": service_name,
-        "startTime": timestamp(started_at),
+        "startTime": start_timestamp(started_at),
         "archived": archived,
         replay.done_field: 0,
         "skipped": 0,
@@ -318,6 +327,17 @@ def begun(
         )
     status["conditions"] = _conditions(previous, replay.generation, "Unknown", RUNNING, message, now=started_at)
     return Decision(status, (EventNote("Normal", "Started", note),))
+
+
+def running_again(
+    previous: Sequence[Mapping[str, Any]], replay: Replay, service_name: str, *, now: float
+) -> dict[str, Any]:
+    """Its Running condition back when it moves again after a wait (which wrote its own reason); nothing when the
+    condition says Running."""
+    if succeeded({"conditions": list(previous)}).get("reason") == RUNNING:
+        return {}
+    message = f"{replay.spec.action} of archived events of {service_name} goes on"
+    return {"conditions": _conditions(previous, replay.generation, "Unknown", RUNNING, message, now=now)}
 
 
 def progressed(
