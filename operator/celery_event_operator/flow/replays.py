@@ -6,10 +6,10 @@ Secret, its turn (one running replay per archive: broker, vhost, serviceName), t
 hold of it, and its size before the replay begins, counted whole after) — and after each fact
 `core/replay/conclusion.py` says what follows: look further, wait (and why, in its Succeeded condition), begin
 (written and seen written before anything moves), move (one walk of the archive, the counters in status every few
-seconds), stop or end. After each walk it observes again: it ends
-only on what the broker shows. Stopped (the operator stops, the resource is deleted) it lets its broker work finish
-the events in hand; a replay that was started is resumed by whichever operator runs next; one whose service is
-deleted stops. Every status write goes through the one writer (flow/writer.py).
+seconds), stop or end. After each walk it observes again: it ends only on what the broker shows. Stopped (the
+operator stops, the resource is deleted) it lets its broker work finish the events in hand; a replay that was
+started is resumed by whichever operator runs next; one whose service is deleted stops. Every status write goes
+through the one writer (flow/writer.py).
 """
 
 from __future__ import annotations
