@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from typing import Any
 
@@ -156,6 +157,29 @@ def test_a_classic_walk_longer_than_its_channels_hold_is_reported_cut_short(
         )
         assert (tally.done, tally.whole) == (len(selected), False), "walked again until done, not seen whole"
         assert archived_ids(connection) == [task_id for task_id in order if task_id not in selected]
+
+
+def test_a_move_whose_walk_holds_nothing_it_may_take_says_so_instead_of_walking_for_ever(
+    test_vhost_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive's first walk-full (2 channels here) holds none of the selected events: the next walk would hold
+    the same ones. Before, the command line's replay walked them again and again (here: until the test's stop)."""
+    monkeypatch.setattr(operations, "WALK_CHANNELS", 2)
+    with Connection(test_vhost_url) as connection:
+        order, _ = fill(connection, "classic")
+        beyond = frozenset(order[2 * operations.CHANNEL_SHARE :])
+        stop = threading.Event()
+        timer = threading.Timer(20, stop.set)
+        timer.start()
+        try:
+            with pytest.raises(UnsupportedOperationError, match="none of the archive's first 1024 messages"):
+                operations.move(
+                    connection, "billing", Selection(task_ids=beyond), queue_type="classic", stop=stop, purge=True
+                )
+        finally:
+            timer.cancel()
+        assert not stop.is_set(), "said at once"
+        assert archived_ids(connection) == order, "nothing taken"
 
 
 def test_a_quorum_walk_stays_on_one_channel(test_vhost_url: str) -> None:

@@ -556,6 +556,7 @@ def move(
         left = None if bound is None else bound - tally.done
         one = _Pass(connection, queue, route, tally, progress, queue_type=queue_type, bound=left)
         passes += 1
+        done_before = tally.done
         segment_ends = time.monotonic() + SEGMENT_SECONDS
         selected = late = 0
         try:
@@ -587,6 +588,13 @@ def move(
         # What the walk saw is the archive only if the broker applied every acknowledgement it was sent.
         tally.applied = tally.applied and one.walk.returned_exactly
         tally.whole = tally.whole and tally.applied
+        if one.walk.window_full and tally.done == done_before:
+            # The next walk would hold the same first messages, and take nothing again, for ever.
+            raise UnsupportedOperationError(
+                f"none of the archive's first {one.walk.received} messages (as many as one walk holds) could be "
+                "taken, so a walk cannot reach the ones after them: narrow the archive first (purge what is not "
+                "wanted, oldest first)"
+            )
     return tally
 
 
