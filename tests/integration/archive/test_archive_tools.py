@@ -44,7 +44,8 @@ def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> su
     )
 
 
-def archive_task(channel: Any, order_id: int, event: str) -> str:
+def archived_message(event: str, archived_at: float, order_id: int) -> tuple[str, amqp.Message]:
+    """An archived Celery task message (its task id, the message) as the worker's archiving writes it."""
     task_id = str(uuid.uuid4())
     headers = {
         "lang": "py",
@@ -55,20 +56,18 @@ def archive_task(channel: Any, order_id: int, event: str) -> str:
         "retries": 3,
         naming.EXCEPTION_TYPE_HEADER: "ValueError",
         naming.EXCEPTION_HEADER: f"ValueError: order {order_id}",
-        naming.ARCHIVED_AT_HEADER: 1_700_000_000.0,
+        naming.ARCHIVED_AT_HEADER: archived_at,
     }
     body = json.dumps([[order_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
-    channel.basic_publish_confirm(
-        amqp.Message(
-            body,
-            content_type="application/json",
-            content_encoding="utf-8",
-            application_headers=headers,
-            delivery_mode=2,
-        ),
-        exchange=naming.archive_name("billing"),
-        routing_key=event,
+    message = amqp.Message(
+        body, content_type="application/json", content_encoding="utf-8", application_headers=headers, delivery_mode=2
     )
+    return task_id, message
+
+
+def archive_task(channel: Any, order_id: int, event: str, archived_at: float = 1_700_000_000.0) -> str:
+    task_id, message = archived_message(event, archived_at, order_id)
+    channel.basic_publish_confirm(message, exchange=naming.archive_name("billing"), routing_key=event)
     return task_id
 
 

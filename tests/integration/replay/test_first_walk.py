@@ -7,9 +7,7 @@ one of its events may be held by another client, and `Replayed` would then be sa
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import uuid
 from typing import Any
 
 import amqp
@@ -34,10 +32,7 @@ ARCHIVED = 20
 
 def arrival(channel: amqp.Channel) -> None:
     """An event archived now, after the replay started (its archived-at header says so)."""
-    task_id = str(uuid.uuid4())
-    headers = {"lang": "py", "task": CREATED, "id": task_id, naming.ARCHIVED_AT_HEADER: time.time() + 5}
-    message = amqp.Message(json.dumps([[0], {}, {}]), application_headers=headers, delivery_mode=2)
-    channel.basic_publish_confirm(message, exchange=QUEUE, routing_key=CREATED)
+    archive_task(channel, ARCHIVED, CREATED, archived_at=time.time() + 5)
 
 
 def archived_with_a_runner(

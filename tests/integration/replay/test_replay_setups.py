@@ -12,16 +12,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import itertools
-import json
 import pathlib
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import amqp
 import pytest
 from kombu.connection import Connection
 
@@ -29,7 +26,7 @@ from celery_event_operator.adapters.archive import operations
 from celery_event_operator.core import naming
 from celery_event_operator.core.archive.messages import Selection
 from tests.conftest import create_broker_secret
-from tests.integration.archive.test_archive_tools import depth, drain
+from tests.integration.archive.test_archive_tools import archived_message, depth, drain
 from tests.integration.replay.test_replay_honesty import counts, reader_holding
 from tests.integration.replay.test_replay_resource import (
     CANCELLED,
@@ -48,27 +45,6 @@ from tests.support.operator_process import OperatorProcess
 
 ARCHIVE = "billing:archived"
 SKEWED_AT = 1_700_000_000.0  # an archived-at header long before any replay's start: a worker whose clock is behind
-
-
-def archived_message(event: str, archived_at: float, order_id: int) -> tuple[str, amqp.Message]:
-    """An archived Celery task message (its task id, the message) as the worker's archiving writes it."""
-    task_id = str(uuid.uuid4())
-    headers = {
-        "lang": "py",
-        "task": event,
-        "id": task_id,
-        "root_id": task_id,
-        "parent_id": None,
-        "retries": 3,
-        naming.EXCEPTION_TYPE_HEADER: "ValueError",
-        naming.EXCEPTION_HEADER: f"ValueError: order {order_id}",
-        naming.ARCHIVED_AT_HEADER: archived_at,
-    }
-    body = json.dumps([[order_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
-    message = amqp.Message(
-        body, content_type="application/json", content_encoding="utf-8", application_headers=headers, delivery_mode=2
-    )
-    return task_id, message
 
 
 def publish(channel: Any, event: str, archived_at: float, order_id: int = 0) -> str:

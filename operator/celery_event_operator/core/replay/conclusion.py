@@ -211,7 +211,7 @@ def conclude(observed: ReplayObserved, now: float) -> Step:
         if began.matched is None and seen is None and observed.broker is None:
             return Step("look", plan.Decision(counters, ()))  # stopped in its first walk: counted (read only) first
         if began.matched is None and seen is not None and seen.selected is not None and not seen.held_elsewhere:
-            began = dataclasses.replace(began, matched=done + seen.selected)
+            began = dataclasses.replace(began, matched=moved_before(began, walked, seen) + seen.selected)
         ended = service_deleted(previous, replay, began, done=done, unroutable=walked.unroutable, now=now)
         return _deleted(replay, plan.Decision({**counters, **ended.status_patch}, ended.events))
     ready = _before_the_archive(observed, replay, now=now)
