@@ -90,10 +90,21 @@ def url_with_vhost(amqp_url: str, vhost: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(vhost, safe="")))
 
 
+# Arguments a broker reports that no client asked for, with the value that means "as if not given": RabbitMQ 4.x
+# lists a classic queue's type among its arguments (3.10 does not). They are no part of what a client declared.
+BROKER_REPORTED: dict[str, Any] = {"x-queue-type": "classic"}
+
+
+def declared_arguments(reported: dict[str, Any]) -> dict[str, Any]:
+    """A queue's arguments as declared: what the broker reports, less what it adds itself (BROKER_REPORTED)."""
+    return {key: value for key, value in reported.items() if (key, value) not in BROKER_REPORTED.items()}
+
+
 def snapshot(management: Management, vhost: str) -> dict[str, Any]:
-    """What a vhost holds, as the management API reports it (the broker's own entities left out)."""
+    """What a vhost holds, as the management API reports it (the broker's own entities left out), each queue with
+    the arguments it was declared with."""
     path = management.vhost_path(vhost)
-    queues = {q["name"]: q["arguments"] for q in management.request("GET", f"/queues/{path}")}
+    queues = {q["name"]: declared_arguments(q["arguments"]) for q in management.request("GET", f"/queues/{path}")}
     exchanges = {
         e["name"]: e["type"]
         for e in management.request("GET", f"/exchanges/{path}")
