@@ -135,7 +135,8 @@ def add_operator_options(parser: argparse.ArgumentParser, default_addr: str) -> 
         type=_positive_int,
         default=DEFAULT_BROKER_CONSUMER_TIMEOUT_SECONDS,
         help="the brokers' delivery-acknowledgement timeout in seconds (rabbitmq.conf consumer_timeout; RabbitMQ's "
-        "default is 1800): a task longer than it runs twice, on brokers older than 3.11.15",
+        "default is 1800): a task longer than it runs twice, but on RabbitMQ 4.3's quorum queues (the workers ask for "
+        "their own) and classic queues (none)",
     )
     parser.add_argument("--webhook-port", type=int, default=9443, help="HTTPS port of the admission webhook (0: none)")
     parser.add_argument("--webhook-addr", default=default_addr, help="address the webhook listens on")

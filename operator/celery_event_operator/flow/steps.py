@@ -298,7 +298,7 @@ def run_once(
     if metrics is None:
         return None
     asked = long_tasks.consumer_timeout_seconds(understood.spec.workers)
-    timeout = long_tasks.ack_timeout(broker.version, broker_timeout, asked)
+    timeout = long_tasks.ack_timeout(broker.version, broker_timeout, asked, understood.spec.queue_type)
     metrics.ack_timeout_seconds = timeout.seconds
     return long_tasks.run_once(
         metrics.reruns.since(now - long_tasks.RECENT_SECONDS),

@@ -17,6 +17,7 @@ from celery.worker.consumer import Consumer
 from kombu.entity import Exchange, Queue
 
 from celery_event_operator.core import naming
+from celery_event_operator.core.broker import versions
 from celery_event_operator.core.broker.address import with_vhost
 from celery_event_operator.core.worker_settings import ROBUST_CELERY_SETTINGS
 
@@ -259,13 +260,8 @@ class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
                     # Never declared from here; the type tells Celery to use per-consumer QoS, which is all a
                     # quorum queue supports (global QoS: 540 NOT_IMPLEMENTED on basic.consume).
                     queue_arguments={"x-queue-type": "quorum"} if events.queue_type == "quorum" else None,
-                    # A long task keeps its delivery unacknowledged (late acks): the broker must not give it to
-                    # another worker meanwhile (RabbitMQ 3.11.15+ honours this; older ones ignore it).
-                    consumer_arguments=(
-                        {"x-consumer-timeout": events.consumer_timeout_seconds * 1000}
-                        if events.consumer_timeout_seconds
-                        else None
-                    ),
+                    # The acknowledgement timeout asked per consumer depends on the broker reached:
+                    # EventsConsumer.connect sets it.
                 )
             )
         self.conf.task_queues = queues
@@ -285,6 +281,24 @@ class EventsConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
         default_steps = [step for step in Consumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")]
+
+    def connect(self) -> Any:
+        """Celery's connection, and the handler queues' consumer arguments for the broker it reached (each connect:
+        a failover may reach another version). A long task keeps its delivery unacknowledged (late acks): the broker
+        must not give it to another worker meanwhile, so the workers ask for a timeout longer than their tasks
+        where the broker honours it — and nothing where it would ignore it or refuse to consume (RabbitMQ 4.3's
+        classic queues)."""
+        connection = super().connect()
+        events: EventsSettings = self.app.events_settings
+        version = (connection.connection.server_properties or {}).get("version")
+        arguments = versions.consumer_arguments(
+            version.decode() if isinstance(version, bytes) else version,
+            events.queue_type,
+            events.consumer_timeout_seconds,
+        )
+        for queue in self.app.amqp.queues.values():
+            queue.consumer_arguments = arguments or None
+        return connection
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         self._archive_unrunnable(message, exc)

@@ -77,7 +77,7 @@ def test_entity_names_for_the_runtime() -> None:
     ],
 )
 def test_the_workers_ask_the_broker_to_wait_for_their_tasks(workers: dict[str, Any], seconds: int) -> None:
-    """Per consumer of the handler queues (x-consumer-timeout, RabbitMQ 3.11.15 and later): the tasks' limit."""
+    """Per consumer of the handler queues (x-consumer-timeout, where the broker honours it): the tasks' limit."""
     target = {"scaleTargetRef": {"name": "w"}}
     rendered = settings.render("s", spec(workers=target | workers))
     assert rendered["celery_events"]["consumer_timeout_seconds"] == seconds

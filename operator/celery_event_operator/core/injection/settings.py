@@ -92,7 +92,7 @@ def render(service: str, spec: CeleryEventServiceSpec) -> dict[str, Any]:
         "archive_exchange": plan.archive_name(service) if spec.archive.enabled else None,
         "queue_type": spec.queue_type,
         "vhost": spec.broker.vhost,
-        # Asked of the broker per consumer of the handler queues (RabbitMQ 3.11.15 and later; older ones ignore it).
+        # Asked of the broker per consumer of the handler queues where it honours it (core/broker/versions.py).
         "consumer_timeout_seconds": long_tasks.consumer_timeout_seconds(spec.workers),
     }
     return {"celery": celery, "celery_events": events}

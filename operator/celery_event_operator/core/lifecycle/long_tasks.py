@@ -1,29 +1,29 @@
 """Long tasks and the broker's delivery-acknowledgement timeout (pure): what the workers ask of the broker, and
 whether the service's tasks run once.
 
-The injected settings acknowledge late: a task holds its message until it ended. RabbitMQ closes a channel whose
-delivery stays unacknowledged longer than its `consumer_timeout` (30 minutes by default) and delivers the message
-again — to another worker, while the first still runs it: the task runs twice, and one longer than the timeout never
-stops being run again. From RabbitMQ 3.11.15 the timeout can be set per consumer (the `x-consumer-timeout` argument
-of basic.consume), which the runtime asks for on the handler queues: long enough for the service's tasks (their
-limit, else the longest grace period). An older broker ignores the argument (checked on 3.10.8); there only its own
-setting counts, and the condition says which tasks it will run twice before it happens.
+The injected settings acknowledge late: a task holds its message until it ended. A broker that enforces an
+acknowledgement timeout gives a delivery held longer to another worker, while the first still runs it: the task runs
+twice, and one longer than the timeout never stops being run again. Which broker enforces which timeout depends on its
+version and the queue type (core/broker/versions.py): up to 4.2 it is the broker's `consumer_timeout` (30 minutes by
+default, or a `consumer-timeout` policy from 3.12), which the operator is told (it cannot be read remotely); from 4.3
+a quorum queue honours the timeout its consumers ask for, which the workers set long enough for the service's tasks
+(their limit, else the longest grace period), and classic queues enforce none. The condition says which tasks will
+run twice before it happens, and what to change.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import re
 from collections.abc import Sequence
 
 from celery_event_operator.core.api.models import Workers
+from celery_event_operator.core.broker import versions
 from celery_event_operator.core.lifecycle.stuck import TIME_LIMIT_MARGIN_SECONDS
 from celery_event_operator.core.monitoring.reruns import Cause, Rerun
 
 # Beyond the longest a task may run, before the broker gives its message to another worker.
 CONSUMER_TIMEOUT_MARGIN_SECONDS = 60
-PER_CONSUMER_TIMEOUT_SINCE = (3, 11, 15)
 DEFAULT_BROKER_CONSUMER_TIMEOUT_SECONDS = 1800  # RabbitMQ's default (rabbitmq.conf `consumer_timeout`)
 # A task that ran this share of the timeout is about to be run twice.
 WARN_SHARE = 0.8
@@ -45,27 +45,24 @@ def consumer_timeout_seconds(workers: Workers | None) -> int | None:
     return longest + CONSUMER_TIMEOUT_MARGIN_SECONDS
 
 
-def version_of(text: str | None) -> tuple[int, ...] | None:
-    """`3.10.8` → (3, 10, 8); None when the broker did not say (or said something else)."""
-    found = re.match(r"^(\d+)\.(\d+)\.(\d+)", text or "")
-    return tuple(int(part) for part in found.groups()) if found else None
-
-
 @dataclasses.dataclass(frozen=True)
 class AckTimeout:
     """The acknowledgement timeout the service's deliveries live under."""
 
-    seconds: float
+    seconds: float | None  # None: the broker enforces none
     source: str  # where it comes from, for messages
     per_consumer: bool  # the workers' own (the broker honours x-consumer-timeout)
 
 
-def ack_timeout(broker_version: str | None, broker_timeout: int, asked: int | None) -> AckTimeout:
-    """The timeout in effect: the one the workers ask for where the broker honours it, else the broker's own."""
-    version = version_of(broker_version)
-    if asked is not None and version is not None and version >= PER_CONSUMER_TIMEOUT_SINCE:
-        return AckTimeout(float(asked), f"x-consumer-timeout {asked} s, asked by the workers", per_consumer=True)
+def ack_timeout(broker_version: str | None, broker_timeout: int, asked: int | None, queue_type: str) -> AckTimeout:
+    """The timeout in effect on the service's handler queues: the one the workers ask for where the broker honours
+    it, none where it enforces none, else the broker's own."""
+    support = versions.ack_timeout_support(versions.parse(broker_version), queue_type)
     named = f"RabbitMQ {broker_version}" if broker_version else "the broker"
+    if not support.enforced:
+        return AckTimeout(None, f"none: {named} enforces no acknowledgement timeout on {queue_type} queues", False)
+    if asked is not None and support.per_consumer:
+        return AckTimeout(float(asked), f"x-consumer-timeout {asked} s, asked by the workers", per_consumer=True)
     return AckTimeout(float(broker_timeout), f"consumer_timeout {broker_timeout} s of {named}", per_consumer=False)
 
 
@@ -111,14 +108,16 @@ def run_once(
             parts.append(text)
         message = "in the last hour, tasks ran twice — " + "; ".join(parts)
         return RunOnce(False, "TasksRerun", message, frozenset(by_cause))
-    if observed is not None and observed >= WARN_SHARE * timeout.seconds:
+    if observed is not None and timeout.seconds is not None and observed >= WARN_SHARE * timeout.seconds:
         message = (
             f"tasks will run twice: 99 % of the tasks of the last hour ran within {observed:.0f} s, near or past the "
             f"broker's acknowledgement timeout ({timeout.source}), after which it gives a task's message to another "
             f"worker while the first still runs it{_advice('ack_timeout', timeout, grace)}"
         )
         return RunOnce(False, "AckTimeoutTooShort", message)
-    return RunOnce(True, "RunOnce", "no task was started again in the last hour")
+    return RunOnce(
+        True, "RunOnce", f"no task was started again in the last hour (acknowledgement timeout: {timeout.source})"
+    )
 
 
 def _advice(cause: Cause, timeout: AckTimeout, grace: int | None) -> str:
@@ -130,7 +129,8 @@ def _advice(cause: Cause, timeout: AckTimeout, grace: int | None) -> str:
             )
         return (
             f" (the broker's timeout applies: {timeout.source}; raise consumer_timeout in rabbitmq.conf above the "
-            "longest task, or run RabbitMQ 3.11.15 or later, where the workers ask for their own)"
+            "longest task — or a consumer-timeout policy on the service's handler queues, RabbitMQ 3.12 or later — "
+            "or run queueType: quorum on RabbitMQ 4.3 or later, where the workers ask for their own)"
         )
     if cause == "pod_stopped":
         given = f"{grace} s" if grace is not None else "the pod's"
