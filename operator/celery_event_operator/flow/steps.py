@@ -229,10 +229,11 @@ async def keep_lifecycle(
     )
     running = [pod for pod in pods if pod.running]
     facts: dict[str, stuck.PodFacts] = {}
+    unlisted: str | None = None
     if metrics is not None:
         _believe_written_costs(metrics, running, memory, now)
         if events_consumed:
-            facts = await _observe_pods(broker, namespace, understood, running, metrics, limit=limit, now=now)
+            facts, unlisted = await _observe_pods(broker, namespace, understood, running, metrics, limit=limit, now=now)
     wanted = _deletion_costs(running, metrics, limit, now) if metrics is not None and events_consumed else {}
     written = 0
     if workers.set_deletion_cost and wanted:
@@ -259,6 +260,7 @@ async def keep_lifecycle(
         now=now,
         threshold=workers.stuck_after_seconds,
         limit=limit,
+        unlisted=unlisted,
     )
     return LifecycleSeen(
         judgement,
@@ -317,10 +319,11 @@ async def _observe_pods(
     *,
     limit: stuck.TaskLimit | None,
     now: float,
-) -> dict[str, stuck.PodFacts]:
+) -> tuple[dict[str, stuck.PodFacts], str | None]:
     """What the events say of each Running pod, and what the broker says: its consumers (listed once per vhost and
     half interval) and, when a judgement rests on it (a pod quiet, never heard, believed busy, or running a task past
-    its limit), the deliveries it holds — which show a task its events do not, and fed back into what it runs."""
+    its limit), the deliveries it holds — which show a task its events do not, and fed back into what it runs. And
+    why the broker said nothing, when it did not."""
     max_age = understood.spec.status_interval_seconds / 2
     facts = [_facts(pod, metrics) for pod in pods]
     try:
@@ -338,9 +341,9 @@ async def _observe_pods(
                     metrics.running.holds(pod.name, deliveries, since=metrics.last_heard.get(pod.name, now), now=now)
             facts = [dataclasses.replace(_facts(pod, metrics), broker=seen[pod.name], unacknowledged=held[pod.name])
                      for pod in pods]  # fmt: skip
-    except ManagementUnavailableError:
-        pass  # judged on the events alone
-    return {found.name: found for found in facts}
+    except ManagementUnavailableError as exc:
+        return {found.name: found for found in facts}, str(exc)  # judged on the events alone
+    return {found.name: found for found in facts}, None
 
 
 def _needs_holdings(pod: stuck.PodFacts, limit: stuck.TaskLimit | None, now: float) -> bool:

@@ -426,3 +426,23 @@ def test_another_pod_stuck_for_the_same_reason_is_no_loop() -> None:
 
 def test_a_stuck_worker_is_stable() -> None:
     assert StuckWorker("a", "why") == StuckWorker("a", "why", "", replace=True)
+
+
+@pytest.mark.parametrize(
+    ("unlisted", "said"),
+    [
+        pytest.param(None, "no management API", id="no-reason-given"),
+        pytest.param(
+            "management API at http://rabbit:15672: its statistics are off on the broker",
+            "management API at http://rabbit:15672: its statistics are off on the broker",
+            id="statistics-off",
+        ),
+    ],
+)
+def test_what_the_broker_did_not_list_is_said_with_why(unlisted: str | None, said: str) -> None:
+    unseen = [dataclasses.replace(found, broker=None, unacknowledged=None) for found in three(0.0)]
+    found = judge(
+        StuckMemory(), unseen, waiting=0, heartbeats_known=True, now=0.0, threshold=THRESHOLD, unlisted=unlisted
+    )
+    assert found.consuming is None
+    assert f"3 send heartbeats, consumers not listed ({said}): not judged on them" in healthy_message(found, THRESHOLD)

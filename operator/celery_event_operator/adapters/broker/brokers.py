@@ -12,6 +12,7 @@ or, without a management API, from passive declares of the service's queues (rea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -135,10 +136,16 @@ class Broker:
             )
             return found, f"ready only ({exc})"
         found = tuple(
-            QueueDepth(name, role, counts.ready + counts.unacknowledged, counts.consumers)
+            QueueDepth(name, role, counts.ready + counts.unacknowledged, counts.consumers or 0)
             for name, role in roles.items()
             if (counts := listed.get(name)) is not None
         )
+        if any(listed[depth.queue].consumers is None for depth in found):
+            # The broker's statistics are off: its consumers of each queue are asked of the queue (passive declares).
+            states = await self.control.run_async(lambda connection: apply.inspect(connection, topology))
+            consumers = {state.name: state.consumers or 0 for state in states if state.kind == "queue"}
+            found = tuple(dataclasses.replace(depth, consumers=consumers.get(depth.queue, 0)) for depth in found)
+            return found, "ready + unacknowledged (the broker's statistics are off: consumers by passive declares)"
         return found, "ready + unacknowledged"
 
     async def consumers(self, max_age: float) -> tuple[Consumer, ...]:

@@ -10,6 +10,11 @@ figures are the broker's statistics, refreshed every few seconds (RabbitMQ's col
 the vhost's consumers and its connections, each once per interval, whatever the number of services; and so are
 the broker's resource alarms (`/api/health/checks/alarms`), which a consumer-only connection is never told of.
 
+A broker set up as RabbitMQ advises for production from 4.x has the API's statistics off
+(`management_agent.disable_metrics_collector = true`): its queue listing then carries no counts and its consumer
+listing answers 400. The queue counts are then listed from the queues themselves (`enable_queue_totals`: ready and
+unacknowledged, no consumers); what cannot be listed says why, and nothing missing is read as a zero.
+
 The credentials go to the management URL only after `BrokerAddress.management_url` checked that it names
 the broker's own host (https when the broker speaks TLS).
 """
@@ -34,6 +39,12 @@ from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 TIMEOUT_SECONDS = 10.0
 PAGE_SIZE = 500
 COLUMNS = "name,messages_ready,messages_unacknowledged,consumers"
+# Counts taken from the queues themselves, not from the statistics (which may be off).
+TOTALS = "disable_stats=true&enable_queue_totals=true"
+STATISTICS_OFF = (
+    "its statistics are off on the broker (management_agent.disable_metrics_collector = true, as RabbitMQ advises "
+    "from 4.x)"
+)
 CONSUMER_COLUMNS = "queue.name,channel_details.connection_name,channel_details.peer_host"
 CONNECTION_COLUMNS = "name,user_provided_name"
 CHANNEL_COLUMNS = "connection_details.name,connection_details.peer_host,messages_unacknowledged"
@@ -43,7 +54,7 @@ CHANNEL_COLUMNS = "connection_details.name,connection_details.peer_host,messages
 class QueueCounts:
     ready: int
     unacknowledged: int
-    consumers: int
+    consumers: int | None  # None: the broker's statistics are off
 
 
 T = TypeVar("T")
@@ -141,6 +152,11 @@ class QueueListing:
                 raise ArchiveNotFoundError(f"there is no queue {name!r} on this broker")
             if status != 200 or not isinstance(body, dict):
                 raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status}")
+            if "messages_ready" not in body and await self._statistics_off():
+                body = await self._get(f"{path}&{TOTALS}")
+                return QueueCounts(
+                    int(body.get("messages_ready") or 0), int(body.get("messages_unacknowledged") or 0), None
+                )
             return QueueCounts(
                 int(body.get("messages_ready") or 0),
                 int(body.get("messages_unacknowledged") or 0),
@@ -157,19 +173,34 @@ class QueueListing:
         return found
 
     async def _list_queues(self) -> dict[str, QueueCounts]:
-        queues: dict[str, QueueCounts] = {}
+        items = await self._queue_pages(COLUMNS)
+        # A queue declared a moment ago has no statistics yet; none of them having any is a broker with them off.
+        statistics = not (
+            items and all("messages_ready" not in item for item in items) and await self._statistics_off()
+        )
+        if not statistics:
+            items = await self._queue_pages(f"{COLUMNS}&{TOTALS}")
+        return {str(item["name"]): _counts(item, consumers=statistics) for item in items}
+
+    async def _queue_pages(self, query: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
         page, pages = 1, 1
         while page <= pages:
-            listed = await self._get(f"/api/queues/{self._vhost}?page={page}&page_size={PAGE_SIZE}&columns={COLUMNS}")
+            listed = await self._get(f"/api/queues/{self._vhost}?page={page}&page_size={PAGE_SIZE}&columns={query}")
             pages = int(listed.get("page_count") or 1)
-            for item in listed.get("items") or ():
-                queues[str(item["name"])] = QueueCounts(
-                    int(item.get("messages_ready") or 0),
-                    int(item.get("messages_unacknowledged") or 0),
-                    int(item.get("consumers") or 0),
-                )
+            found += listed.get("items") or ()
             page += 1
-        return queues
+        return found
+
+    async def _statistics_off(self) -> bool:
+        overview = await self._get("/api/overview?columns=disable_stats")
+        return bool(overview.get("disable_stats"))
+
+    def _unseen(self) -> ManagementUnavailableError:
+        return ManagementUnavailableError(
+            f"management API at {self.base_url}: {STATISTICS_OFF}: it lists neither consumers nor the deliveries "
+            "channels hold"
+        )
 
     async def _list_consumers(self) -> tuple[Consumer, ...]:
         # Two listings: a consumer names its connection, the connection's listing has the name its client gave it.
@@ -189,6 +220,9 @@ class QueueListing:
 
     async def _list_holdings(self) -> tuple[Holding, ...]:
         channels = await self._get(f"/api/vhosts/{self._vhost}/channels?columns={CHANNEL_COLUMNS}")
+        # Without statistics a channel's listing has no count: never read as "holds nothing" (an eviction's proof).
+        if any("messages_unacknowledged" not in item for item in channels or ()) and await self._statistics_off():
+            raise self._unseen()
         given = await self._connection_names()
         found = []
         for item in channels or ():
@@ -213,6 +247,8 @@ class QueueListing:
 
     async def _get(self, path: str) -> Any:
         status, body = await self._answer(path)
+        if status == 400 and await self._statistics_off():  # the consumers' and channels' listings
+            raise self._unseen()
         if status != 200:
             raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status}")
         return body
@@ -256,3 +292,12 @@ class QueueListing:
         self._holdings.cancel()
         if self._session is not None:
             await self._session.close()
+
+
+def _counts(item: dict[str, Any], *, consumers: bool) -> QueueCounts:
+    """A queue's counts from its listing; `consumers`: the listing has them (not when the statistics are off)."""
+    return QueueCounts(
+        int(item.get("messages_ready") or 0),
+        int(item.get("messages_unacknowledged") or 0),
+        int(item.get("consumers") or 0) if consumers else None,
+    )

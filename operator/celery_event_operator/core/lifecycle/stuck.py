@@ -116,6 +116,7 @@ class Judgement:
     judged: int = 0
     heartbeating: int = 0  # pods that send heartbeats
     consuming: int | None = None  # pods holding a consumer of the handler queues (None: consumers not listed)
+    unlisted: str | None = None  # why the consumers were not listed, when they were not
     heartbeatless: tuple[str, ...] = ()  # pods that send no heartbeats: silence is not judged for them
     long_unlimited: tuple[str, ...] = ()  # pods running a task past the threshold, with no limit to judge it by
     paused: str | None = None  # why replacing is paused (a loop); None: it is not
@@ -163,8 +164,10 @@ def judge(
     now: float,
     threshold: float,
     limit: TaskLimit | None = None,
+    unlisted: str | None = None,
 ) -> Judgement:
-    """`pods`: the service's Running pods on its current settings, with what is known of them. Updates `memory`."""
+    """`pods`: the service's Running pods on its current settings, with what is known of them (`unlisted`: why the
+    broker's consumers are not among it, when they are not). Updates `memory`."""
     memory.running_since = {pod.name: memory.running_since.get(pod.name, now) for pod in pods}
     memory.evictions = [e for e in memory.evictions if now - e.at < LOOP_SECONDS]
     if not heartbeats_known:
@@ -226,6 +229,7 @@ def judge(
         judged=len(pods),
         heartbeating=len(heartbeating),
         consuming=sum(1 for pod in pods if pod.broker is not None and pod.broker.consuming) if listed else None,
+        unlisted=None if listed else unlisted,
         heartbeatless=tuple(sorted(found.heartbeatless)),
         long_unlimited=tuple(sorted(found.long_unlimited)),
         paused=paused,
@@ -372,7 +376,7 @@ def healthy_message(judgement: Judgement, threshold: float) -> str:
     """WorkersHealthy's message when no pod is stuck: only what was checked."""
     parts = [f"{judgement.heartbeating} send heartbeats"]
     if judgement.consuming is None:
-        parts.append("consumers not listed (no management API): not judged on them")
+        parts.append(f"consumers not listed ({judgement.unlisted or 'no management API'}): not judged on them")
     else:
         parts.append(f"{judgement.consuming} consume from the handler queues")
     message = f"{judgement.judged} running workers: " + ", ".join(parts)
