@@ -2,11 +2,12 @@
 RabbitMQ node of the test's own (its `consumer_timeout` set to 20 s, checked every second instead of every minute),
 of each version of the matrix.
 
-Up to RabbitMQ 4.2 the broker's timeout applies to both queue types (a consumer's own is ignored): the task runs twice,
-and the operator counts the re-run, names its cause and says what to change. On 4.3 a quorum queue honours the
-timeout the workers ask for (longer than their tasks), and classic queues enforce none: the task runs once, and the
-condition says which timeout is in effect. What cannot exist here: a kubelet and the ReplicaSet controller; fleet.py
-plays both.
+Up to RabbitMQ 4.2 the broker's timeout applies to both queue types (a consumer's own is ignored) and closes the
+channel: the task runs twice, and the operator counts the re-run, names its cause and says what to change. On 4.3 a
+quorum queue honours the timeout the workers ask for (longer than their tasks; a service without `workers` asks none,
+and the broker's then cancels the consumer instead of closing its channel: counted alike), and classic queues enforce
+none: the task runs once, and the condition says which timeout is in effect. What cannot exist here: a kubelet and
+the ReplicaSet controller; fleet.py plays both.
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ TASK_SECONDS = 30
 pytestmark = pytest.mark.every_broker
 
 
-def timeout_in_effect(version: str, queue_type: str) -> str | None:
-    """What RabbitMQ `version` does to the 30 s task on a handler queue of `queue_type` (measured, written out here
-    rather than taken from the operator's table): the timeout the condition names when the task runs once, None when
-    the broker's 20 s apply and it runs twice."""
+def timeout_in_effect(version: str, queue_type: str, asked: bool) -> str | None:
+    """What RabbitMQ `version` does to the 30 s task on a handler queue of `queue_type`, the workers asking for their
+    own timeout or not (measured, written out here rather than taken from the operator's table): the timeout the
+    condition names when the task runs once, None when the broker's 20 s apply and it runs twice."""
     if tuple(int(part) for part in version.split(".")[:2]) < (4, 3):
         return None
     if queue_type == "classic":
         return f"none: RabbitMQ {version} enforces no acknowledgement timeout on classic queues"
-    return "s, asked by the workers"
+    return "s, asked by the workers" if asked else None
 
 
 @pytest.fixture
@@ -58,18 +59,29 @@ def fleet_on_a_short_ack_timeout(
 @pytest.mark.parametrize(
     "private_rabbit", [{"management": True, "consumer_timeout_seconds": ACK_TIMEOUT_SECONDS}], indirect=True
 )
+@pytest.mark.parametrize(
+    ("queue_type", "asked"),
+    [
+        pytest.param("classic", True, id="classic"),
+        pytest.param("quorum", True, id="quorum"),
+        pytest.param("quorum", False, id="quorum-without-workers-spec"),
+    ],
+)
 def test_a_task_longer_than_the_brokers_acknowledgement_timeout_runs_as_its_broker_does_and_is_explained(
-    fleet_on_a_short_ack_timeout: Fleet, queue_type: str, private_rabbit: PrivateRabbit
+    fleet_on_a_short_ack_timeout: Fleet, queue_type: str, asked: bool, private_rabbit: PrivateRabbit
 ) -> None:
     fleet = fleet_on_a_short_ack_timeout
     version = private_rabbit.server_version()
-    fleet.api.client.create(CES, service(queue_type))
+    body = service(queue_type)
+    if not asked:  # no limit to ask for: the broker's own timeout applies
+        del body["spec"]["workers"]
+    fleet.api.client.create(CES, body)
     eventually(lambda: condition(fleet.api, "Ready").get("status") == "True", timeout=60)
     fleet.start("billing-worker-a", concurrency=1)
     fleet.start("billing-worker-b", concurrency=1)
     eventually(lambda: condition(fleet.api, "TasksRunOnce").get("status") == "True", timeout=30)
     fleet.fire((1, f"long:{TASK_SECONDS}"))
-    expected = timeout_in_effect(version, queue_type)
+    expected = timeout_in_effect(version, queue_type, asked)
     if expected is not None:
         eventually(lambda: fleet.phases(1) == ["started", "done"], timeout=TASK_SECONDS + 30)
         assert fleet.phases(1) == ["started", "done"], "the task ran twice"
