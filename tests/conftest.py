@@ -90,7 +90,6 @@ def create_broker_secret(
 def private_rabbit(request: pytest.FixtureRequest) -> Iterator[PrivateRabbit]:
     """A RabbitMQ node of this test's own, to stop and start (the shared broker is never stopped); indirect
     parameters are PrivateRabbit's options (e.g. {"management": True})."""
-    # A short path: the node is named after it.
     base = pathlib.Path(tempfile.mkdtemp(prefix="ceo-rabbit-"))
     rabbit = PrivateRabbit(base, **getattr(request, "param", {}))
     try:

@@ -106,13 +106,13 @@ class Node:
     _process: subprocess.Popen[bytes] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @classmethod
-    def on_loopback(cls, version: str, base: pathlib.Path, **options: object) -> Node:
+    def on_loopback(cls, version: str, base: pathlib.Path, name: str, **options: object) -> Node:
         """A node on 127.0.0.1 with ports of its own, its own epmd included, beside any other (the tests' private
         nodes)."""
         return cls(
             version,
             base,
-            name=f"{base.name}@localhost",
+            name=f"{name}@localhost",
             port=free_port(),
             dist_port=free_port(),
             epmd_port=free_port(),

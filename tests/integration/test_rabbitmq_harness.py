@@ -5,8 +5,11 @@ from __future__ import annotations
 import urllib.parse
 
 import kombu
+import pytest
 
 from tests.support.rabbitmq import Management
+
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
 
 
 def test_session_vhost_isolates_entities(vhost: str, vhost_url: str, rabbitmq_management: Management) -> None:

@@ -8,6 +8,7 @@ directories: stopping it never touches the run's shared broker or the machine's 
 from __future__ import annotations
 
 import pathlib
+import secrets
 import shutil
 
 from celery_event_devcluster import rabbitmq
@@ -39,6 +40,7 @@ class PrivateRabbit:
         self.node = rabbitmq.Node.on_loopback(
             self.version,
             base,
+            f"ceo-private-{secrets.token_hex(3)}",
             management_port=free_port() if management else None,
             more_ports=(self.tls_port,) if tls else (),
         )

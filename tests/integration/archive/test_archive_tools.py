@@ -25,6 +25,8 @@ from celery_event_operator.core.topology import plan
 from tests.conftest import create_broker_secret
 from tests.support.kube import EmulatedApi, eventually
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 CREATED, CANCELLED = "orders.order.created", "orders.order.cancelled"
 SPEC = {
     "broker": {"secretRef": {"name": "rabbitmq"}},

@@ -27,6 +27,8 @@ from celery_event_operator.core.topology import plan
 from tests.integration.archive.test_archive_tools import CANCELLED, CREATED, SPEC, archive_task, depth, drain, listed
 from tests.support.kube import eventually
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 QUEUE = naming.archive_name("billing")
 ARCHIVED = 3 * operations.CHANNEL_SHARE + 100  # shares on several channels, the last one partly filled
 ARRIVALS = 30

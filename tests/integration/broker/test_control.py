@@ -31,6 +31,8 @@ from tests.support.operator_process import free_port
 from tests.support.private_broker import PrivateRabbit
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 
 class FakeClock:
     def __init__(self) -> None:

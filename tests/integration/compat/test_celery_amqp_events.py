@@ -25,6 +25,8 @@ from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import stays
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 HERE = pathlib.Path(__file__).resolve().parent
 VENV = REPO / ".venv" / "compat-celery-amqp-events"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"

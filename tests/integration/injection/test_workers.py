@@ -30,6 +30,8 @@ from tests.support.operator_process import OperatorProcess, admission_review, wo
 from tests.support.waiting import stays
 from tests.support.workers import Worker, as_kubelet_would
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 APPS = pathlib.Path(__file__).resolve().parent / "apps"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 EVENT_QUEUE = "billing.orders.order.created"

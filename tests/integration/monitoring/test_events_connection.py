@@ -33,6 +33,8 @@ from tests.support import pki, rabbitmq
 from tests.support.private_broker import PrivateRabbit
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 SERVICE = "billing"
 QUEUE = naming.monitor_queue_name(SERVICE)
 

@@ -43,6 +43,8 @@ from tests.integration.replay.test_replay_resource import (
 from tests.support.kube import EmulatedApi, eventually
 from tests.support.operator_process import OperatorProcess
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 ARCHIVE = "billing:archived"
 SKEWED_AT = 1_700_000_000.0  # an archived-at header long before any replay's start: a worker whose clock is behind
 

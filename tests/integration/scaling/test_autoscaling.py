@@ -18,6 +18,8 @@ from tests.support.private_broker import PrivateRabbit
 from tests.support.rabbitmq import STATS_LAG_SECONDS
 from tests.support.waiting import stays
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENT = "/apis/apps/v1/namespaces/default/deployments/billing-worker"
 QUEUE = "billing.orders.order.created"

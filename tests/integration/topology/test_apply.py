@@ -22,6 +22,8 @@ from tests.support import rabbitmq
 from tests.support.kube import eventually
 from tests.support.waiting import stays
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 EVENT = "orders.order.created"
 
 

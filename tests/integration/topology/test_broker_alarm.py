@@ -14,6 +14,8 @@ from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.private_broker import PrivateRabbit
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 INTERVAL = 5
 SERVICES = ("billing", "shipping")

@@ -7,12 +7,15 @@ import pathlib
 from typing import Any
 
 import amqp
+import pytest
 from kombu.connection import Connection
 
 from tests.conftest import billing_sample, create_broker_secret
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.private_broker import PrivateRabbit
+
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 

@@ -20,6 +20,8 @@ from tests.integration.topology.test_apply import EVENT, spec
 from tests.support import waiting
 from tests.support.private_broker import PrivateRabbit
 
+pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
+
 PERSISTENT, TRANSIENT = 2, 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pathlib
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -195,7 +196,8 @@ def test_broker_credentials_never_leak(
             ),
             message="no BrokerReachable=False",
         )
-        assert "127.0.0.1:5672" in reachable["message"]
+        parts = urllib.parse.urlsplit(amqp_url)
+        assert f"{parts.hostname}:{parts.port}" in reachable["message"]
         eventually(lambda: events(kube_api, reachable["reason"]))
     finally:
         process.stop()
