@@ -10,9 +10,10 @@ cache_root=${CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/celery-event-op
 out="$cache_root/$version-$key"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 complete() { for b in "${binaries[@]}"; do [ -x "$out/$b" ] || return 1; done; }
-# One build at a time per cache (two checkouts' ./dev setup, or a test run beside a set-up, share it).
+# One build of a version at a time (two checkouts' ./dev setup, or a test run beside a set-up, share the cache);
+# other versions build meanwhile.
 mkdir -p "$cache_root"
-exec 9>"$cache_root/.lock"
+exec 9>"$out.lock"
 flock 9
 if ! complete; then
     command -v go >/dev/null || { echo "error: go is needed to build the control plane" >&2; exit 1; }

@@ -13,9 +13,9 @@ read -r _ suite package <<<"$line"
 key=$(printf '%s\n' "$line" | cat - "$here/build.sh" | sha256sum | cut -c1-12)
 cache_root=${RABBITMQ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/celery-event-operator/rabbitmq}
 out="$cache_root/$want-$suite-$key"
-# One build at a time per cache (a test run's nodes, or two checkouts, may ask at once).
+# One build of a version at a time (a test run's nodes, or two checkouts, may ask at once).
 mkdir -p "$cache_root"
-exec 9>"$cache_root/.lock"
+exec 9>"$out.lock"
 flock 9
 if [ ! -e "$out/.complete" ]; then
     [ "$(id -u)" = 0 ] || { echo "error: building a RabbitMQ root filesystem needs root" >&2; exit 1; }
