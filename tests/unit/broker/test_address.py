@@ -113,6 +113,9 @@ def test_management_url_names_the_broker(raw: str, configured: str | None, expec
         pytest.param("amqp://u:p@rabbit/", "http://x:y@rabbit:15672", "without credentials", id="credentials"),
         pytest.param("amqp://u:p@rabbit/", "ftp://rabbit/", "http", id="scheme"),
         pytest.param("amqp://u:p@rabbit/", "http://rabbit:port/", "http", id="bad-port"),
+        # The CRD's pattern allows it; urlsplit raised a bare ValueError outside the check (issue 40, finding 5).
+        pytest.param("amqp://u:p@rabbit/", "http://[rabbit:15672/", "http", id="unbalanced-bracket"),
+        pytest.param("amqp://u:p@rabbit/", "http://rabbit]:15672/", "http", id="closing-bracket"),
     ],
 )
 def test_management_url_elsewhere_is_refused(raw: str, configured: str, problem: str) -> None:

@@ -155,16 +155,17 @@ class BrokerAddress:
             first = self.endpoints[0]
             host = f"[{first.host}]" if ":" in first.host else first.host
             return f"{'https' if first.tls else 'http'}://{host}:{MANAGEMENT_PORTS[first.tls]}"
-        parts = urllib.parse.urlsplit(configured)
+        malformed = ManagementURLRejectedError(
+            "the management API URL must be http[s]://host[:port][/path] without credentials"
+        )
         try:
+            parts = urllib.parse.urlsplit(configured)  # raises on an unbalanced '[' or ']'
             host = (parts.hostname or "").lower()
             parts.port  # noqa: B018  (raises on a port that is no number)
         except ValueError:
-            host = ""
+            raise malformed from None
         if parts.scheme not in ("http", "https") or not host or parts.username or parts.password:
-            raise ManagementURLRejectedError(
-                "the management API URL must be http[s]://host[:port][/path] without credentials"
-            )
+            raise malformed
         if host not in {endpoint.host for endpoint in self.endpoints}:
             raise ManagementURLRejectedError(
                 f"the management API host {host!r} is none of the broker's hosts "
