@@ -27,13 +27,15 @@ class PrivateRabbit:
         client_ca: pathlib.Path | None = None,
         management: bool = False,
         consumer_timeout_seconds: int | None = None,
+        extra_config: str = "",
     ) -> None:
         """`tls`: a certificate (also the CA) and its key, for an amqps:// listener beside the plain one;
         `client_ca`: the listener then requires a client certificate signed by it; `management`: the management
         API on a port of its own (`management_url`); `consumer_timeout_seconds`: the delivery-acknowledgement
-        timeout (rabbitmq.conf `consumer_timeout`; 30 minutes by default)."""
+        timeout (rabbitmq.conf `consumer_timeout`; 30 minutes by default); `extra_config`: more rabbitmq.conf lines."""
         self.base = base
         self.consumer_timeout_seconds = consumer_timeout_seconds
+        self.extra_config = extra_config
         self.client_ca = client_ca
         self.name = f"ceo-private-{secrets.token_hex(3)}@localhost"
         self.port = free_port()
@@ -86,7 +88,7 @@ class PrivateRabbit:
         if self.management_port is not None:
             config += f"management.tcp.port = {self.management_port}\nmanagement.tcp.ip = 127.0.0.1\n"
             plugins = "[rabbitmq_management]"
-        (self.base / "rabbitmq.conf").write_text(config)
+        (self.base / "rabbitmq.conf").write_text(config + self.extra_config)
         (self.base / "enabled_plugins").write_text(f"{plugins}.\n")
         shutil.chown(self.base, "rabbitmq", "rabbitmq")
         for path in self.base.rglob("*"):
