@@ -124,9 +124,18 @@ def test_a_stream_that_is_not_amqp_framing_is_refused(stream: bytes, complaint: 
         Recorder().reader.feed(stream)
 
 
-def test_method_arguments_that_do_not_decode_are_a_framing_error() -> None:
+@pytest.mark.parametrize(
+    ("method", "arguments"),
+    [
+        pytest.param(frames.CONNECTION_CLOSE, b"\x01", id="cut-short"),
+        # py-amqp's decoding raised TypeError on a bit past the end (found by tests/fuzz; the connection was dropped
+        # with a traceback instead of as a framing error)
+        pytest.param(frames.BASIC_CANCEL, b"\x00", id="bit-past-the-end"),
+    ],
+)
+def test_method_arguments_that_do_not_decode_are_a_framing_error(method: frames.MethodId, arguments: bytes) -> None:
     with pytest.raises(frames.FramingError, match="do not decode"):
-        frames.method_arguments(frames.CONNECTION_CLOSE, struct.pack(">HH", *frames.CONNECTION_CLOSE) + b"\x01")
+        frames.method_arguments(method, struct.pack(">HH", *method) + arguments)
 
 
 def test_an_empty_body_frame_after_a_complete_delivery_is_refused_not_handed_on_as_a_body() -> None:

@@ -86,7 +86,7 @@ def method_arguments(method: MethodId, payload: bytes) -> list[Any]:
     """The arguments of a received method whose signature we know (after the 4-byte method id)."""
     try:
         values, _ = serialization.loads(RECEIVED_SIGNATURES[method], payload, 4)
-    except (struct.error, IndexError, ValueError, AMQPError) as exc:
+    except (struct.error, IndexError, ValueError, TypeError, AMQPError) as exc:  # TypeError: a bit past the end
         raise FramingError(f"method {method} with arguments that do not decode") from exc
     return list(values)
 
