@@ -1,6 +1,6 @@
 """Offline admission of a resource against a CRD, the way the API server does it.
 
-Order as in kube-apiserver: defaults from the structural schema, strict field validation (unknown
+Order as in kube-apiserver: nulls pruned and defaults from the structural schema, strict field validation (unknown
 fields rejected, as `kubectl apply` asks by default), OpenAPI validation, then the CEL rules
 (`x-kubernetes-validations`), transition rules (those naming `oldSelf`) only on update.
 Each violation names its path and the rule that caught it, so tests can assert *which* rule fired.
@@ -41,6 +41,20 @@ def _strict(schema: Any) -> Any:
     return result
 
 
+def prune_nulls(schema: dict[str, Any], value: Any) -> Any:
+    """A field set to null that the schema does not call nullable is dropped before defaulting (the API server's
+    structural pruning: `field: null` means the field is unset)."""
+    if isinstance(value, dict) and "properties" in schema:
+        for name, prop in schema["properties"].items():
+            if name in value and value[name] is None and not prop.get("nullable"):
+                del value[name]
+            elif name in value:
+                value[name] = prune_nulls(prop, value[name])
+    elif isinstance(value, list) and "items" in schema:
+        return [prune_nulls(schema["items"], item) for item in value]
+    return value
+
+
 def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
     """Structural defaulting: absent properties with a default get it, recursively."""
     if isinstance(value, dict) and "properties" in schema:
@@ -62,7 +76,12 @@ def _duplicate_map_keys(schema: dict[str, Any], value: Any, path: list[str]) -> 
     """`x-kubernetes-list-type: map` lists hold one item per key (JSON schema cannot say so)."""
     found = []
     if isinstance(value, list) and schema.get("x-kubernetes-list-type") == "map":
-        keys = [tuple(item.get(key) for key in schema["x-kubernetes-list-map-keys"]) for item in value]
+        # (an item that is no object, or a key of another type, is the schema's violation: compared as text here)
+        keys = [
+            repr([item.get(key) for key in schema["x-kubernetes-list-map-keys"]])
+            for item in value
+            if isinstance(item, dict)
+        ]
         if len(keys) != len(set(keys)):
             found.append(Violation(_path(path), "x-kubernetes-list-map-keys"))
     if isinstance(value, dict):
@@ -117,12 +136,19 @@ def _cel_violations(schema: dict[str, Any], value: Any, old: Any, path: list[str
     return found
 
 
+def stored(crd: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as the API server stores it, and the operator reads it: nulls pruned, defaults applied."""
+    schema = openapi_schema(crd)
+    found: dict[str, Any] = apply_defaults(schema, prune_nulls(schema, copy.deepcopy(obj)))
+    return found
+
+
 def admit(crd: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[Violation]:
     """All violations of `obj` (an update of `old` when given); empty when the API would accept it."""
     schema = openapi_schema(crd)
-    new = apply_defaults(schema, copy.deepcopy(obj))
+    new = stored(crd, obj)
     violations = _schema_violations(schema, new)
     if violations:
         return violations  # as the API server: CEL runs on well-typed objects only
-    previous = apply_defaults(schema, copy.deepcopy(old)) if old is not None else _MISSING
+    previous = stored(crd, old) if old is not None else _MISSING
     return _cel_violations(schema, new, previous, [])

@@ -376,3 +376,35 @@ def test_amqps_presents_the_client_certificate_of_the_secret(tmp_path: pathlib.P
     finally:
         rabbit.stop()
         shutil.rmtree(rabbit.base, ignore_errors=True)
+
+
+def test_a_broker_of_small_frames_and_one_channel_is_consumed_from() -> None:
+    """The reader answered the broker's tune with frame_max 131072 and 2 channels whatever the broker allowed: a broker
+    configured below those closed the connection, and refused the events consumer for ever (issue 40, finding 6). Here
+    the events come in frames of 4 KiB, and the declares share the consuming channel."""
+    base = pathlib.Path(tempfile.mkdtemp(prefix="ceo-rabbit-"))  # the rabbitmq user must reach it
+    rabbit = PrivateRabbit(base, config="frame_max = 4096\nchannel_max = 1\n")
+    try:
+        rabbit.start()
+        subject = Running(rabbit.url, services=(SERVICE, "shipping"))
+        try:
+            eventually(
+                lambda: all(subscription.connected for subscription in subject.subscriptions.values()),
+                timeout=20,
+                message=f"not consuming: {subject.log()}",
+            )
+            padded = b'{"type": "task-received", "hostname": "celery@w", "uuid": "big", "pad": "%s"}' % (b"x" * 20_000)
+            publish(rabbit.url, *(received_event(n) for n in range(5)), padded, failed_with_long_traceback("u3"))
+            publish(rabbit.url, received_event(7), service="shipping")
+            metrics = subject.metrics[SERVICE]
+            eventually(
+                lambda: subject.received() == 6 and metrics.malformed == 0 and subject.received("shipping") == 1,
+                timeout=10,
+                message=f"not counted: {subject.received()} received, {metrics.malformed} malformed",
+            )
+            assert metrics.counters[("failed", "orders.created", "", "celery", "ValueError")] == 1
+        finally:
+            subject.finish()
+    finally:
+        rabbit.stop()
+        shutil.rmtree(base, ignore_errors=True)

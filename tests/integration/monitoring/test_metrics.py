@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_event_devcluster import jsonpatch
 from tests.conftest import REPO, billing_sample, create_broker_secret
-from tests.support import metric_names, rabbitmq
+from tests.support import metric_names, promparse, rabbitmq
 from tests.support.kube import EmulatedApi, condition, events, eventually
 from tests.support.operator_process import OperatorProcess, admission_review, worker_pod
 from tests.support.waiting import stays
@@ -232,6 +232,7 @@ def test_real_workers_produce_exact_counters(
     missing = metric_names.missing_from(scraped, {k: v for k, v in used.items() if k not in elsewhere})
     assert missing == [], "alerts, README, dashboard or mixin use what is not exported"
     assert set(elsewhere) <= set(used), "still documented"
+    assert promparse.refusal(scraped.encode()) is None, "Prometheus' own parser reads the scrape"
 
 
 def task_events(worker: str, number: int) -> list[dict[str, Any]]:
@@ -439,6 +440,10 @@ def test_garbage_is_counted_and_metrics_stay_correct(
         b'{"hostname": "celery@x"}',
         b"[1, 2]",
         {"type": "task-received", "hostname": "celery@pod-a", "uuid": "u1", "name": "n", "args": "x" * 100_000},
+        # issue 40: a lone surrogate (valid JSON) made every scrape answer 500; a value of 310 digits made
+        # Prometheus refuse the page
+        b'{"type": "task-sent", "hostname": "celery@p", "uuid": "s1", "name": "bad\\ud800"}',
+        b'{"type": "worker-heartbeat", "hostname": "celery@pod-a", "active": %s}' % (b"9" * 310),
         {"type": "task-received", "hostname": "celery@pod-a", "uuid": "u2", "name": "n"},
     )
     found = eventually(
@@ -450,6 +455,10 @@ def test_garbage_is_counted_and_metrics_stay_correct(
     )
     # not JSON, no type, a batch of two non-events, one huge event
     assert value(found, "celery_event_operator_events_malformed_total") == 4
+    assert value(found, "celery_task_sent_total", name="bad\ufffd", queue_name="celery") == 1
+    for field in ("name", "active"):
+        assert value(found, "celery_event_operator_event_values_refused_total", field=field) == 1
+    assert promparse.refusal(operator.scrape().encode()) is None
     assert operator.alive()
 
 

@@ -137,3 +137,50 @@ def test_selection_of_a_replay(selection: messages.Selection, item: messages.Arc
 def test_the_exception_class_is_read() -> None:
     assert _archived().exception_type == "TypeError"
     assert _archived(exception_type=None).exception_type is None
+
+
+TASK_HEADERS = {"task": "orders.order.created", "id": "t-1", "retries": 2}
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "field", "shown"),
+    [
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, {}, "summary", "nested too deep to read", id="deep-body"),
+        pytest.param(
+            b"[5, {}, {}]",
+            TASK_HEADERS,
+            "summary",
+            "orders.order.created(<unreadable arguments: [5,{},{}]>)",
+            id="args-not-a-list",
+        ),
+        pytest.param(
+            b"[[], [1], {}]",
+            TASK_HEADERS,
+            "summary",
+            "orders.order.created(<unreadable arguments: [[],[1],{}]>)",
+            id="kwargs-not-an-object",
+        ),
+        pytest.param(b"[[], {}, {}]", {**TASK_HEADERS, "retries": float("inf")}, "attempts", None, id="retries-inf"),
+        pytest.param(
+            b"[[], {}, {}]", {**TASK_HEADERS, "x-death": "x"}, "exception", "unreadable x-death", id="x-death-text"
+        ),
+        pytest.param(
+            b"[[], {}, {}]", {**TASK_HEADERS, "x-death": 7}, "exception", "unreadable x-death", id="x-death-number"
+        ),
+        pytest.param(
+            b"[[], {}, {}]", {**TASK_HEADERS, "x-death": [1, "x"]}, "exception", "unreadable x-death", id="x-death-list"
+        ),
+        pytest.param(b"{}", {naming.ARCHIVED_AT_HEADER: "inf"}, "archived_at", None, id="archived-at-infinite"),
+        pytest.param(b'{"id": "\\ud800"}', {}, "task_id", "\ufffd", id="lone-surrogate-id"),
+    ],
+)
+def test_any_archived_message_is_described_and_what_cannot_be_read_is_said(
+    body: bytes, headers: dict[str, object], field: str, shown: object
+) -> None:
+    """Each of these raised out of describe (RecursionError, TypeError, AttributeError, OverflowError): the walk put
+    the message back, so every later list, replay and purge stopped at it again."""
+    item = messages.describe(0, body, headers, {"content_type": "application/json"}, "orders.order.created")
+    found = getattr(item, field)
+    assert shown in found if isinstance(shown, str) else found == shown
+    assert json.dumps(item.as_json(NOW), allow_nan=False).encode()
+    assert messages.table([item], NOW).encode()

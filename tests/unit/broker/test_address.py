@@ -79,6 +79,10 @@ SECRET = "s3cr3t-P4ss"
         pytest.param(f"amqp://user:{SECRET}@/", id="no-host"),
         pytest.param(f"amqp://user:{SECRET}@h:5672/x y", id="space-in-vhost"),
         pytest.param(SECRET, id="not-a-url"),
+        # an unescaped '/' or '?' in the user cut the userinfo short: the password was taken for the vhost (shown in
+        # status) or the query (found by tests/fuzz)
+        pytest.param(f"amqp://u/:{SECRET}@h", id="slash-in-user"),
+        pytest.param(f"amqp://u?:{SECRET}@h:5672/", id="question-mark-in-user"),
     ],
 )
 def test_urls_that_do_not_round_trip_are_refused_without_any_part_of_them(raw: str) -> None:
@@ -113,6 +117,9 @@ def test_management_url_names_the_broker(raw: str, configured: str | None, expec
         pytest.param("amqp://u:p@rabbit/", "http://x:y@rabbit:15672", "without credentials", id="credentials"),
         pytest.param("amqp://u:p@rabbit/", "ftp://rabbit/", "http", id="scheme"),
         pytest.param("amqp://u:p@rabbit/", "http://rabbit:port/", "http", id="bad-port"),
+        # The CRD's pattern allows it; urlsplit raised a bare ValueError outside the check (issue 40, finding 5).
+        pytest.param("amqp://u:p@rabbit/", "http://[rabbit:15672/", "http", id="unbalanced-bracket"),
+        pytest.param("amqp://u:p@rabbit/", "http://rabbit]:15672/", "http", id="closing-bracket"),
     ],
 )
 def test_management_url_elsewhere_is_refused(raw: str, configured: str, problem: str) -> None:

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from celery_event_operator.adapters.monitoring.collector import MetricsRegistry, accepts_gzip
 from celery_event_operator.core.monitoring import exposition
 from celery_event_operator.core.monitoring.bounds import SeriesSettings
+from tests.support import promparse
 from tests.unit.monitoring.test_state import event
 
 
@@ -140,3 +141,78 @@ def test_gzip_is_sent_when_the_scraper_takes_it(header: str, expected: bool) -> 
 )
 def test_bucket_bounds_are_written_as_prometheus_client_writes_them(bound: float, label: str) -> None:
     assert exposition.bound_label(bound) == label
+
+
+# --- hostile input (issue 40): one producer's message never breaks another service's scrape ---------------------
+
+
+def parsed(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text.decode())
+        for sample in family.samples
+    }
+
+
+def labelled(**labels: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"namespace": "shop", **labels}.items()))
+
+
+def test_prometheus_own_parser_accepts_the_exposition() -> None:
+    assert promparse.refusal(scrape(busy_registry())) is None
+
+
+def test_prometheus_own_parser_refuses_what_prometheus_client_accepts() -> None:
+    """Why the tests check with both: a value beyond float64 is refused by Prometheus (the whole scrape is lost)."""
+    text = b"# TYPE x gauge\nx " + b"9" * 310 + b"\n"
+    assert list(text_string_to_metric_families(text.decode()))
+    assert "expected float as value" in (promparse.refusal(text) or "")
+
+
+def test_a_label_value_that_is_no_valid_utf8_is_exported_replaced_and_counted_and_other_services_scrape() -> None:
+    """A lone surrogate is valid JSON (`"\\ud800"`) and no UTF-8: rendering it raised UnicodeEncodeError, and every
+    scrape of every service answered 500 until the operator restarted."""
+    registry = MetricsRegistry()
+    billing, shipping = registry.service("shop", "billing"), registry.service("shop", "shipping")
+    shipping.ingest(event("task-received", uuid="s", name="reports.build"), 1.0)
+    for body in (
+        rb'{"type": "task-sent", "hostname": "celery@p", "uuid": "u", "name": "bad\ud800name", "queue": "q\udfff"}',
+        rb'{"type": "task-failed", "hostname": "celery@p", "uuid": "u", "exception": "\udc00Error(1)"}',
+        rb'{"type": "worker-heartbeat", "hostname": "celery@pod\ud800", "active": 1}',
+    ):
+        billing.ingest_message(body, 1.0)
+    text = scrape(registry)
+    assert promparse.refusal(text) is None
+    found = parsed(text)
+    billing_labels = {"service_name": "billing", "name": "bad\ufffdname", "queue_name": "q\ufffd"}
+    assert found[("celery_task_sent_total", labelled(**billing_labels))] == 1
+    assert found[("celery_task_failed_total", labelled(**billing_labels, exception="\ufffdError"))] == 1
+    assert found[("celery_worker_up", labelled(service_name="billing", hostname="pod\ufffd"))] == 1
+    refused = "celery_event_operator_event_values_refused_total"
+    for field, count in (("name", 1), ("queue_name", 1), ("exception", 1), ("hostname", 1), ("active", 0)):
+        assert found[(refused, labelled(service_name="billing", field=field))] == count, field
+    shipping_labels = labelled(service_name="shipping", name="reports.build", queue_name="celery")
+    assert found[("celery_task_received_total", shipping_labels)] == 1
+
+
+def test_numbers_beyond_what_a_worker_sends_are_left_out_and_counted_and_prometheus_parses_the_scrape() -> None:
+    """A heartbeat's `active` of 310 digits was written as it came: Prometheus' parser refused the page (every series
+    of the operator lost); runtimes near float64's largest summed to +Inf."""
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    huge = "9" * 310
+    for body in (
+        f'{{"type": "worker-heartbeat", "hostname": "celery@pod-a", "active": {huge}}}',
+        '{"type": "task-succeeded", "hostname": "celery@pod-a", "uuid": "a", "name": "n", "runtime": 1.5e308}',
+        '{"type": "task-succeeded", "hostname": "celery@pod-a", "uuid": "b", "name": "n", "runtime": 1.5e308}',
+    ):
+        metrics.ingest_message(body.encode(), 1.0)
+    text = scrape(registry)
+    assert promparse.refusal(text) is None
+    found = parsed(text)
+    assert found[("celery_worker_up", labelled(service_name="billing", hostname="pod-a"))] == 1
+    assert ("celery_worker_tasks_active", labelled(service_name="billing", hostname="pod-a")) not in found
+    assert found[("celery_task_succeeded_total", labelled(service_name="billing", name="n", queue_name="celery"))] == 2
+    refused = "celery_event_operator_event_values_refused_total"
+    assert found[(refused, labelled(service_name="billing", field="active"))] == 1
+    assert found[(refused, labelled(service_name="billing", field="runtime"))] == 2

@@ -114,6 +114,9 @@ def test_method_frames_encode_what_the_broker_decodes() -> None:
         (frame(frames.HEADER, struct.pack(">HHQH", 60, 0, 2, 0)) + frame(frames.BODY, b"abc"), "runs past"),
         (frame(frames.BODY, b"stray"), "runs past"),
         (struct.pack(">BHI", frames.BODY, 1, frames.FRAME_MAX + 1) + b"...", "maximum"),
+        # issue 40, finding 6: struct.error (a traceback, the connection dropped unexplained)
+        pytest.param(frame(frames.METHOD, b"\x00\x0a"), "method frame", id="method-under-4-bytes"),
+        pytest.param(frame(frames.METHOD, b""), "method frame", id="method-empty"),
     ],
 )
 def test_a_stream_that_is_not_amqp_framing_is_refused(stream: bytes, complaint: str) -> None:
@@ -121,6 +124,55 @@ def test_a_stream_that_is_not_amqp_framing_is_refused(stream: bytes, complaint: 
         Recorder().reader.feed(stream)
 
 
-def test_method_arguments_that_do_not_decode_are_a_framing_error() -> None:
+@pytest.mark.parametrize(
+    ("method", "arguments"),
+    [
+        pytest.param(frames.CONNECTION_CLOSE, b"\x01", id="cut-short"),
+        # py-amqp's decoding raised TypeError on a bit past the end (found by tests/fuzz; the connection was dropped
+        # with a traceback instead of as a framing error)
+        pytest.param(frames.BASIC_CANCEL, b"\x00", id="bit-past-the-end"),
+    ],
+)
+def test_method_arguments_that_do_not_decode_are_a_framing_error(method: frames.MethodId, arguments: bytes) -> None:
     with pytest.raises(frames.FramingError, match="do not decode"):
-        frames.method_arguments(frames.CONNECTION_CLOSE, struct.pack(">HH", *frames.CONNECTION_CLOSE) + b"\x01")
+        frames.method_arguments(method, struct.pack(">HH", *method) + arguments)
+
+
+def test_an_empty_body_frame_after_a_complete_delivery_is_refused_not_handed_on_as_a_body() -> None:
+    """It handed on an extra empty body (issue 40, finding 6)."""
+    recorder = Recorder()
+    with pytest.raises(frames.FramingError, match="runs past"):
+        recorder.reader.feed(delivery(b"abc") + frame(frames.BODY, b""))
+    assert recorder.bodies == [b"abc"]
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "agreed"),
+    [
+        pytest.param(frames.FRAME_MAX, 0, frames.FRAME_MAX, id="no-limit-of-theirs"),
+        pytest.param(frames.FRAME_MAX, 4096, 4096, id="theirs-lower"),
+        pytest.param(frames.FRAME_MAX, 1 << 20, frames.FRAME_MAX, id="ours-lower"),
+        pytest.param(2, 1, 1, id="one-channel"),
+        pytest.param(2, 2047, 2, id="rabbitmq-default-channels"),
+    ],
+)
+def test_limits_are_negotiated_as_amqp_says_zero_meaning_none(ours: int, theirs: int, agreed: int) -> None:
+    assert frames.negotiated(ours, theirs) == agreed
+
+
+def test_the_tune_is_answered_with_the_limits_both_sides_allow() -> None:
+    assert frames.agreed_limits(0, 0, channels=2) == (2, frames.FRAME_MAX)
+    assert frames.agreed_limits(1, 4096, channels=2) == (1, 4096)
+    with pytest.raises(frames.FramingError, match="below AMQP's minimum"):
+        frames.agreed_limits(0, 512, channels=2)
+
+
+def test_the_reader_holds_the_broker_to_the_negotiated_frame_size() -> None:
+    """It answered the broker's tune with 131072 whatever the broker said: a broker configured below refused the
+    events consumer for ever (issue 40, finding 6). Frames are bounded by what was agreed, header and end included."""
+    recorder = Recorder(max_body_bytes=10_000)
+    recorder.reader.frame_max = 4096
+    recorder.reader.feed(delivery(b"x" * 9000, frame_body_max=4096 - 8))
+    assert recorder.bodies == [b"x" * 9000]
+    with pytest.raises(frames.FramingError, match="maximum"):
+        recorder.reader.feed(delivery(b"x" * 5000, frame_body_max=4096 - 7))

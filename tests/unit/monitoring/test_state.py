@@ -398,3 +398,22 @@ def test_fuzzed_bodies_interleaved_with_good_events_never_raise_and_good_events_
     assert all(
         len(key[1]) <= state.MAX_LABEL_CHARS and len(key[2]) <= state.MAX_LABEL_CHARS for key in metrics.counters
     )
+
+
+def test_an_integer_beyond_float64_leaves_its_value_out_and_the_rest_of_the_batch_counts() -> None:
+    """`timestamp` or `runtime` beyond float64 raised OverflowError out of ingest_message: the message was counted
+    malformed after part of it was counted, and the rest of its batch was lost."""
+    metrics = state.ServiceMetrics("shop", "billing")
+    huge = "1" + "0" * 400
+    batch = (
+        '[{"type": "task-received", "hostname": "celery@pod-a", "uuid": "g1", "name": "good", "timestamp": 1.0},'
+        f' {{"type": "task-sent", "hostname": "celery@p", "uuid": "h", "name": "huge", "timestamp": {huge}}},'
+        f' {{"type": "task-succeeded", "hostname": "celery@pod-a", "uuid": "h", "runtime": {huge}}},'
+        ' {"type": "task-received", "hostname": "celery@pod-a", "uuid": "g2", "name": "good", "timestamp": 1.0}]'
+    )
+    metrics.ingest_message(batch.encode(), 1.0)
+    assert metrics.malformed == 0
+    assert metrics.counters[("received", "good", W, "celery", "")] == 2
+    assert metrics.counters[("succeeded", "huge", W, "celery", "")] == 1
+    assert metrics.runtime.counts == {}
+    assert metrics.refused_values == {"timestamp": 1, "runtime": 1}

@@ -98,8 +98,16 @@ class Summary:
 
 
 def _body(message: amqp.Message) -> bytes:
+    """The bytes the producer published: py-amqp hands over a body decoded with its content_encoding when that
+    decodes it (any codec the producer names, one that yields a lone surrogate included), and the codec encodes it
+    back — or, for a codec that cannot encode what it decoded, UTF-8 with the surrogates as they are."""
     body = message.body
-    return body.encode() if isinstance(body, str) else bytes(body)
+    if not isinstance(body, str):
+        return bytes(body)
+    try:
+        return body.encode(message.properties.get("content_encoding") or "utf-8")
+    except (LookupError, UnicodeError):
+        return body.encode("utf-8", "surrogatepass")
 
 
 def _depth(channel: Any, queue: str) -> int:

@@ -37,7 +37,7 @@ from celery_event_operator.core.topology.plan import MONITOR_QUEUE_ARGUMENTS
 CONNECT_TIMEOUT_SECONDS = 5.0
 RPC_TIMEOUT_SECONDS = 10.0
 HEARTBEAT_SECONDS = 30  # asked of the broker; a silent broker is given up after two of them
-CONSUME_CHANNEL, DECLARE_CHANNEL = 1, 2
+CONSUME_CHANNEL, DECLARE_CHANNEL = 1, 2  # a broker that allows one channel (its channel_max) gets both on the first
 CLIENT_CAPABILITIES = {"consumer_cancel_notify": True, "authentication_failure_close": True, "connection.blocked": True}
 ACCESS_REFUSED = 403
 MALFORMED_LOG_SECONDS = 60.0  # at most one log line per service and minute about bodies that fail
@@ -136,6 +136,7 @@ class _Session(asyncio.Protocol):
         )
         self.closed: asyncio.Future[BaseException] = self._loop.create_future()
         self.open_channels: set[int] = set()
+        self.declare_channel = DECLARE_CHANNEL  # CONSUME_CHANNEL when the broker allows one channel
         self.last_received = self.last_sent = time.monotonic()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -400,14 +401,17 @@ class EventsConnection:
                 frames.CONNECTION_TUNE,
                 timeout=CONNECT_TIMEOUT_SECONDS,
             )
-            _, _, broker_heartbeat = frames.method_arguments(frames.CONNECTION_TUNE, tune)
+            broker_channels, broker_frame_max, broker_heartbeat = frames.method_arguments(frames.CONNECTION_TUNE, tune)
             heartbeat = min(broker_heartbeat, HEARTBEAT_SECONDS) or HEARTBEAT_SECONDS
-            session.send(0, frames.CONNECTION_TUNE_OK, "BlB", (DECLARE_CHANNEL, frames.FRAME_MAX, heartbeat))
+            channels, frame_max = frames.agreed_limits(broker_channels, broker_frame_max, channels=DECLARE_CHANNEL)
+            session.reader.frame_max = frame_max
+            session.declare_channel = DECLARE_CHANNEL if channels >= DECLARE_CHANNEL else CONSUME_CHANNEL
+            session.send(0, frames.CONNECTION_TUNE_OK, "BlB", (channels, frame_max, heartbeat))
             await session.call(
                 0, frames.CONNECTION_OPEN, "ssb", (self.address.vhost, "", False), frames.CONNECTION_OPEN_OK
             )
             await session.open_channel(CONSUME_CHANNEL)
-            await session.open_channel(DECLARE_CHANNEL)
+            await session.open_channel(session.declare_channel)
         except BaseException as exc:
             session.fail(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
             if session.closed.done() and isinstance(session.closed.result(), BrokerClosedError):
@@ -457,28 +461,30 @@ class EventsConnection:
 
     async def _set_up(self, session: _Session, subscription: Subscription) -> None:
         """Declare the service's events exchange and queue (as planned), bind them, consume."""
-        exchange, queue = subscription.exchange, subscription.queue
+        exchange, queue, declaring = subscription.exchange, subscription.queue, session.declare_channel
         try:
-            await session.open_channel(DECLARE_CHANNEL)
+            await session.open_channel(declaring)
             # Celery declares its event exchange the same way (a durable topic exchange).
             await session.call(
-                DECLARE_CHANNEL,
+                declaring,
                 frames.EXCHANGE_DECLARE,
                 "BssbbbbbF",
                 (0, exchange, "topic", False, True, False, False, False, {}),
                 frames.EXCHANGE_DECLARE_OK,
             )
             await session.call(
-                DECLARE_CHANNEL,
+                declaring,
                 frames.QUEUE_DECLARE,
                 "BsbbbbbF",
                 (0, queue, False, True, False, False, False, dict(MONITOR_QUEUE_ARGUMENTS)),
                 frames.QUEUE_DECLARE_OK,
             )
             await session.call(
-                DECLARE_CHANNEL, frames.QUEUE_BIND, "BsssbF", (0, queue, exchange, "#", False, {}), frames.QUEUE_BIND_OK
+                declaring, frames.QUEUE_BIND, "BsssbF", (0, queue, exchange, "#", False, {}), frames.QUEUE_BIND_OK
             )
         except ChannelClosedError as exc:
+            if declaring == CONSUME_CHANNEL:
+                self._consumers_lost(subscription)
             self._subscription_failed(subscription, f"cannot declare {queue!r}: {exc}")
             return
         if subscription.tag not in self.subscriptions:
@@ -493,10 +499,7 @@ class EventsConnection:
                 frames.BASIC_CONSUME_OK,
             )
         except ChannelClosedError as exc:
-            # The consuming channel is gone with every consumer on it: the others are set up again at once.
-            for other in self.subscriptions.values():
-                if other is not subscription and other.connected:
-                    other.needs_setup = True
+            self._consumers_lost(subscription)
             self._subscription_failed(subscription, f"cannot consume from {queue!r}: {exc}")
             return
         subscription.needs_setup = False
@@ -504,6 +507,12 @@ class EventsConnection:
         if subscription.problem is not None:
             self._logger.info("consuming the Celery events of %s from %s", subscription.name, queue)
         subscription._set(None)
+
+    def _consumers_lost(self, failed: Subscription) -> None:
+        """The consuming channel is gone with every consumer on it: the others are set up again at once."""
+        for other in self.subscriptions.values():
+            if other is not failed and other.connected:
+                other.needs_setup = True
 
     def _subscription_failed(self, subscription: Subscription, problem: str) -> None:
         delay = subscription.backoff.failed(time.monotonic())

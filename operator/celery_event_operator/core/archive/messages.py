@@ -1,10 +1,19 @@
 """What an archived message is, for people (pure): Celery task messages (protocol v2), raw JSON
-events, and anything else, which is shown as unparseable and never dropped."""
+events, and anything else, which is shown as unparseable and never dropped.
+
+Anyone who may publish to a service's events exchange writes what the archive holds (undecodable and unknown-task
+messages are archived at once, with their headers as published), so any body and any header of any type is
+described: what cannot be read is said in the description, never raised — an exception would stop every list,
+replay and purge at that message.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,28 +57,63 @@ class Archived:
 
 def _archived_at(headers: Mapping[str, Any]) -> float | None:
     if ARCHIVED_AT_HEADER in headers:
-        try:
-            return float(headers[ARCHIVED_AT_HEADER])
-        except (TypeError, ValueError):
-            return None
-    for death in headers.get("x-death") or []:  # dead-lettered by the broker (quorum delivery limit)
+        return _seconds(headers[ARCHIVED_AT_HEADER])
+    for death in _deaths(headers) or ():  # dead-lettered by the broker (quorum delivery limit)
         moment = death.get("time")
-        if hasattr(moment, "timestamp"):
-            return float(moment.timestamp())
+        if isinstance(moment, datetime.datetime):
+            try:
+                return _seconds(moment.timestamp())
+            except (OverflowError, ValueError, OSError):  # a naive time beyond the platform's
+                return None
+    return None
+
+
+def _seconds(value: Any) -> float | None:
+    """A unix time, when `value` is a finite one."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
+def _deaths(headers: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    """The broker's x-death records (a list of tables); None when the header holds something else."""
+    deaths = headers.get("x-death") or []
+    if isinstance(deaths, list) and all(isinstance(death, Mapping) for death in deaths):
+        return deaths
     return None
 
 
 def _exception(headers: Mapping[str, Any]) -> str | None:
     if EXCEPTION_HEADER in headers:
-        return str(headers[EXCEPTION_HEADER])
-    deaths = headers.get("x-death") or []
+        return _shown(headers[EXCEPTION_HEADER])
+    deaths = _deaths(headers)
+    if deaths is None:
+        return "unreadable x-death header"
     if deaths:
-        return f"dead-lettered by the broker: {deaths[0].get('reason')} from {deaths[0].get('queue')}"
+        return f"dead-lettered by the broker: {_shown(deaths[0].get('reason'))} from {_shown(deaths[0].get('queue'))}"
     return None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _shown(value: Any) -> str:
+    """Text for people (a terminal, JSON, a status): UTF-8 can carry it (a lone surrogate, valid in JSON, becomes
+    U+FFFD), and any value has one (an integer of more digits than Python converts is named by its type)."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except ValueError:
+        text = f"<{type(value).__name__}>"
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def _short(value: Any, limit: int = 80) -> str:
-    text = json.dumps(value, default=str, separators=(",", ":"))
+    try:
+        text = json.dumps(value, default=str, separators=(",", ":"))
+    except (ValueError, RecursionError):  # an integer beyond Python's conversion limit; nesting at the limit
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -81,37 +125,49 @@ def describe(
     def archived(kind: str, task_id: Any, attempts: int | None, summary: str) -> Archived:
         return Archived(
             position=position,
-            event=routing_key,
+            event=_shown(routing_key),
             kind=kind,
-            task_id=None if task_id is None else str(task_id),
+            task_id=_text(task_id),
             attempts=attempts,
             exception=_exception(headers),
             exception_type=_text(headers.get(EXCEPTION_TYPE_HEADER)),
             archived_at=_archived_at(headers),
-            summary=summary,
+            summary=_shown(summary),
         )
 
+    content_type = _shown(properties.get("content_type") or "unknown content type")
     try:
         decoded = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        content_type = properties.get("content_type") or "unknown content type"
         return archived("unparseable", properties.get("message_id"), None, f"<{len(body)} bytes of {content_type}>")
+    except RecursionError:
+        return archived(
+            "unparseable",
+            properties.get("message_id"),
+            None,
+            f"<{len(body)} bytes of {content_type}: nested too deep to read>",
+        )
     if "task" in headers and "id" in headers and isinstance(decoded, list) and len(decoded) == 3:
         args, kwargs, _embed = decoded
-        arguments = ", ".join([*(_short(arg) for arg in args), *(f"{k}={_short(v)}" for k, v in kwargs.items())])
-        return archived("celery", headers["id"], _int(headers.get("retries")), f"{headers['task']}({arguments})")
+        if isinstance(args, list) and isinstance(kwargs, dict):
+            arguments = ", ".join([*(_short(arg) for arg in args), *(f"{k}={_short(v)}" for k, v in kwargs.items())])
+        else:
+            arguments = f"<unreadable arguments: {_short(decoded, 60)}>"
+        return archived(
+            "celery", headers["id"], _int(headers.get("retries")), f"{_shown(headers['task'])}({arguments})"
+        )
     task_id = properties.get("message_id") or (decoded.get("id") if isinstance(decoded, dict) else None)
     return archived("json", task_id, None, _short(decoded, 120))
 
 
 def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+    return None if value is None else _shown(value)
 
 
 def _int(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float
         return None
 
 

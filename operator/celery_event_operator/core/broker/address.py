@@ -42,8 +42,8 @@ _URL = re.compile(
     r"(?:(?P<user>[^:@/?#\[\]\s]*)(?::(?P<password>[^@/?#\[\]\s]*))?@)?"
     r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^:@/?#\[\]\s]+)"
     r"(?::(?P<port>[0-9]{1,5}))?"
-    r"(?P<path>//?[^/?#\s]*)?"
-    r"(?:\?(?P<query>[^#\s]*))?$"
+    r"(?P<path>//?[^/?#@\s]*)?"  # an '@' after the host: the user or password held an unescaped '/' or '?'
+    r"(?:\?(?P<query>[^#@\s]*))?$"  # (which would put the password in the vhost or the query, shown or passed on)
 )
 _PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 URL_FORM = (
@@ -68,7 +68,7 @@ class Endpoint:
     user: str = dataclasses.field(repr=False)
     password: str = dataclasses.field(repr=False)
     vhost: str
-    query: str
+    query: str = dataclasses.field(repr=False)  # the Secret's: a typo can put the password there
     tls: bool
     written: str = dataclasses.field(repr=False)  # the URL as the Secret has it
 
@@ -155,16 +155,17 @@ class BrokerAddress:
             first = self.endpoints[0]
             host = f"[{first.host}]" if ":" in first.host else first.host
             return f"{'https' if first.tls else 'http'}://{host}:{MANAGEMENT_PORTS[first.tls]}"
-        parts = urllib.parse.urlsplit(configured)
+        malformed = ManagementURLRejectedError(
+            "the management API URL must be http[s]://host[:port][/path] without credentials"
+        )
         try:
+            parts = urllib.parse.urlsplit(configured)  # raises on an unbalanced '[' or ']'
             host = (parts.hostname or "").lower()
             parts.port  # noqa: B018  (raises on a port that is no number)
         except ValueError:
-            host = ""
+            raise malformed from None
         if parts.scheme not in ("http", "https") or not host or parts.username or parts.password:
-            raise ManagementURLRejectedError(
-                "the management API URL must be http[s]://host[:port][/path] without credentials"
-            )
+            raise malformed
         if host not in {endpoint.host for endpoint in self.endpoints}:
             raise ManagementURLRejectedError(
                 f"the management API host {host!r} is none of the broker's hosts "

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from celery_event_operator.core.monitoring.bounds import LABELS
 from celery_event_operator.core.monitoring.state import (
+    REFUSED_FIELDS,
     TASK_EVENT_KINDS,
     WITH_EXCEPTION,
     Histogram,
@@ -113,6 +114,13 @@ OVERFLOWED = Family(
     'Task events counted under the label value "__overflow__": their name, exception class, queue or worker was'
     " past the service's bound on that label.",
 )
+REFUSED_VALUES = Family(
+    "celery_event_operator_event_values_refused_total",
+    "counter",
+    "Values in Celery events that no Celery worker sends, by field: a label value (name, hostname, exception, "
+    "queue_name) whose text is no valid UTF-8 is exported with U+FFFD in its place; a number out of range (active, "
+    "runtime, timestamp: negative, not a number, beyond 2^32) is left out.",
+)
 TASK_RERUNS = Family(
     "celery_event_operator_task_reruns_total",
     "counter",
@@ -143,6 +151,7 @@ SERVICE_FAMILIES = (
     MALFORMED,
     DROPPED,
     OVERFLOWED,
+    REFUSED_VALUES,
     TASK_RERUNS,
     TASKS_FORGOTTEN,
 )
@@ -328,6 +337,10 @@ class ServiceBlock:
         of(OVERFLOWED).extend(  # at 0 too: a rate sees the first overflow
             f'{OVERFLOWED.name}{{{service},label="{label}"}} {overflows[label].events if label in overflows else 0}\n'
             for label in LABELS
+        )
+        refused = metrics.refused_values
+        of(REFUSED_VALUES).extend(  # at 0 too, as the overflows
+            f'{REFUSED_VALUES.name}{{{service},field="{field}"}} {refused.get(field, 0)}\n' for field in REFUSED_FIELDS
         )
         of(TASK_RERUNS).extend(
             f'{TASK_RERUNS.name}{{{service},name="{escape(task)}",cause="{cause}"}} {count}\n'

@@ -16,7 +16,9 @@ from amqp import serialization
 from amqp.exceptions import AMQPError
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-FRAME_MAX = 131_072  # RabbitMQ's default; bounds the bytes held for one unfinished frame
+FRAME_MAX = 131_072  # ours (RabbitMQ's default), header and end included; bounds the bytes held for one frame
+FRAME_MIN = 4096  # AMQP's frame-min-size: no peer may agree on less
+FRAME_OVERHEAD = 8  # a frame's header (7 bytes) and end octet
 
 METHOD, HEADER, BODY, HEARTBEAT = 1, 2, 3, 8
 FRAME_END = 0xCE
@@ -57,6 +59,20 @@ class FramingError(Exception):
     """The byte stream is not AMQP 0-9-1 framing: the connection cannot be trusted any further."""
 
 
+def negotiated(ours: int, theirs: int) -> int:
+    """A limit of connection.tune (frame_max, channel_max) as both peers agree on it: the lower, 0 meaning none."""
+    return min(ours, theirs) if ours and theirs else ours or theirs
+
+
+def agreed_limits(channel_max: int, frame_max: int, *, channels: int) -> tuple[int, int]:
+    """(channel_max, frame_max) to answer the broker's connection.tune with, wanting `channels` channels and frames of
+    FRAME_MAX bytes: a broker whose limits are below ours refuses a tune-ok above them (it closes the connection)."""
+    agreed = negotiated(FRAME_MAX, frame_max)
+    if agreed < FRAME_MIN:
+        raise FramingError(f"the broker's frame_max ({agreed}) is below AMQP's minimum ({FRAME_MIN})")
+    return negotiated(channels, channel_max), agreed
+
+
 def method_frame(channel: int, method: MethodId, signature: str = "", arguments: Sequence[Any] = ()) -> bytes:
     payload = _METHOD_ID.pack(*method) + (serialization.dumps(signature, list(arguments)) if signature else b"")
     return _FRAME_HEAD.pack(METHOD, channel, len(payload)) + payload + bytes((FRAME_END,))
@@ -70,7 +86,7 @@ def method_arguments(method: MethodId, payload: bytes) -> list[Any]:
     """The arguments of a received method whose signature we know (after the 4-byte method id)."""
     try:
         values, _ = serialization.loads(RECEIVED_SIGNATURES[method], payload, 4)
-    except (struct.error, IndexError, ValueError, AMQPError) as exc:
+    except (struct.error, IndexError, ValueError, TypeError, AMQPError) as exc:  # TypeError: a bit past the end
         raise FramingError(f"method {method} with arguments that do not decode") from exc
     return list(values)
 
@@ -99,6 +115,7 @@ _DISCARD = _Discard()
 class DeliveryReader:
     """Turns the bytes a consuming connection receives into message bodies and other methods.
 
+    Frames are at most `frame_max` bytes (the negotiated one, once the broker's tune was answered).
     Deliveries (basic.deliver, content header, body frames) go to the Route of their consumer tag in
     `routes` (a mapping the caller keeps current; unknown tags are read past and dropped): the body as
     bytes to `on_body`; a body larger than `max_body_bytes` is not assembled — only its first and last
@@ -117,6 +134,7 @@ class DeliveryReader:
         self._routes = routes
         self._on_method = on_method
         self._max_body_bytes = max_body_bytes
+        self.frame_max = FRAME_MAX
         self._kept_bytes = kept_bytes
         self._pending = b""
         self._route: Route = _DISCARD  # the current delivery's
@@ -134,11 +152,13 @@ class DeliveryReader:
         read_head = _FRAME_HEAD.unpack_from
         while end - position >= 7:
             kind, channel, size = read_head(buffer, position)
+            if size > self.frame_max - FRAME_OVERHEAD:
+                raise FramingError(
+                    f"a frame of {size + FRAME_OVERHEAD} bytes announced; the negotiated maximum is {self.frame_max}"
+                )
             start = position + 7
             frame_end = start + size
             if frame_end >= end:
-                if size > FRAME_MAX:
-                    raise FramingError(f"a frame of {size} bytes announced; the negotiated maximum is {FRAME_MAX}")
                 break  # the frame is not complete yet
             if buffer[frame_end] != FRAME_END:
                 raise FramingError("a frame does not end with the frame-end octet")
@@ -149,6 +169,8 @@ class DeliveryReader:
                 else:
                     self._body_part(buffer[start:frame_end])
             elif kind == METHOD:
+                if size < 4:
+                    raise FramingError("a method frame too short for its class and method ids")
                 if buffer[start : start + 4] == _DELIVER_PREFIX:
                     # basic.deliver: consumer-tag (a short string) first.
                     if size < 5 or size < 5 + buffer[start + 4]:
@@ -175,7 +197,7 @@ class DeliveryReader:
             self._on_body(b"")
 
     def _body_part(self, part: bytes) -> None:
-        if len(part) > self._body_left:
+        if len(part) > self._body_left or not self._body_left:  # an empty one too, once the body is complete
             raise FramingError("a body frame runs past the size its content header announced")
         self._body_left -= len(part)
         if self._skipping:

@@ -54,6 +54,13 @@ OVERSIZED_KINDS = frozenset({"task-failed", "task-retried"})
 TOMBSTONES_KEPT = 10_000
 TOMBSTONE_SECONDS = 600.0
 PODS_READ_SECONDS = 1.0  # a hostname that is no pod known yet makes the pods be read again, at most this often
+# Seconds and counts no worker sends more of (2^32 s is 136 years; unix time until 2106): a sum of such values stays a
+# finite float64, and every number exported is one Prometheus parses.
+MAX_SECONDS = 2**32
+MAX_ACTIVE = 2**32
+# Values of an event that cannot be exported as sent, counted by field: label values whose text is no valid UTF-8
+# (a lone surrogate, valid in JSON) are exported with U+FFFD in place; numbers out of range are left out.
+REFUSED_FIELDS = ("name", "hostname", "exception", "queue_name", "active", "runtime", "timestamp")
 
 CounterKey = tuple[str, str, str, str, str]  # kind, task, worker (SERVICE_WIDE by default), queue, exception
 HistogramKey = tuple[str, str, str]  # task, worker, queue
@@ -68,23 +75,23 @@ _decode_json = json.JSONDecoder().decode
 _WAIT_KINDS = frozenset({"sent", "received", "started"})
 
 
-def _waiting(kind: str, event: dict[str, Any], waiting_since: float | None) -> tuple[float | None, float | None]:
+def _waiting(
+    kind: str, stamp: float | None, event: dict[str, Any], waiting_since: float | None
+) -> tuple[float | None, float | None]:
     """(When the task's wait for a worker began, how long it waited, once it started.) The wait starts when the
-    task was sent, else (its task-sent not seen here, or a retry the broker held back on purpose) when a worker
-    received it; a task with an ETA or countdown waits on purpose and is not measured."""
-    stamp = event.get("timestamp")
+    task was sent (`stamp`: the event's timestamp, None when it has none usable), else (its task-sent not seen here,
+    or a retry the broker held back on purpose) when a worker received it; a task with an ETA or countdown waits on
+    purpose and is not measured."""
     if kind == "started":
-        if waiting_since is not None and _is_duration(stamp):
+        if waiting_since is not None and stamp is not None:
             return None, max(0.0, stamp - waiting_since)  # clock skew: 0
         return None, None
     if kind == "received":
         if event.get("eta"):
             return None, None
-        if waiting_since is None:
-            return (float(stamp) if _is_duration(stamp) else None), None
-        return waiting_since, None
+        return (stamp if waiting_since is None else waiting_since), None
     deliberate = event.get("eta") or event.get("retries")  # task-sent
-    return (float(stamp) if not deliberate and _is_duration(stamp) else None), None
+    return (None if deliberate else stamp), None
 
 
 def worker_of(hostname: str) -> str:
@@ -110,12 +117,21 @@ def _is_label(value: object) -> TypeGuard[str]:
 
 
 def _is_duration(value: object) -> TypeGuard[float]:
-    """Seconds as Celery reports them: a finite, non-negative number (NaN would poison a sum for good)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+    """Seconds as Celery reports them: a non-negative number up to MAX_SECONDS (NaN would poison a sum for good, and
+    an integer beyond float64 raises OverflowError where it is converted)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_SECONDS
 
 
 def _text(value: object) -> str:
     return value[:MAX_LABEL_CHARS] if isinstance(value, str) else ""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_text(value: str) -> str:
+    """`value` itself when UTF-8 can carry it, else a copy with U+FFFD for each lone surrogate (valid in JSON)."""
+    return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
 
 
 # A top-level `"key": "short string"` pair of an event's JSON text. Inside a JSON string every quote is
@@ -228,6 +244,7 @@ class ServiceMetrics:
         self.malformed = 0
         self.dropped = 0  # well-formed events of no interest (types we do not count)
         self.tasks_forgotten = 0  # tasks in flight forgotten for want of memory (their later events: "unknown")
+        self.refused_values: dict[str, int] = {}  # field (REFUSED_FIELDS) → values replaced or left out
         self.overflows: dict[str, Overflow] = {}  # label → what its bound refused
         # The live pods of the service (a view of the operator's index), read when a hostname is new.
         self.live_pods: Callable[[], Iterable[str]] | None = None
@@ -350,9 +367,18 @@ class ServiceMetrics:
                 return False
             if name is not None and not (type(name) is str and 0 < len(name) <= MAX_LABEL_CHARS):
                 return False
+            # isascii() is O(1): only other text is searched for what UTF-8 cannot carry
+            if name is not None and not name.isascii():
+                name = self._label("name", name)
+            if uuid is not None and not uuid.isascii():
+                uuid = _valid_text(uuid)  # shown in messages (a task's first characters), never a label
+            if not hostname.isascii():
+                hostname = self._label("hostname", hostname)
             self.events_consumed += 1
             self._task_event(kind[5:], event, hostname, uuid, name, now=now)
         elif kind.startswith("worker-"):
+            if not hostname.isascii():
+                hostname = self._label("hostname", hostname)
             self.events_consumed += 1
             self._worker_event(kind[7:], event, worker_of(hostname), now)
         else:
@@ -391,8 +417,11 @@ class ServiceMetrics:
         else:
             task = name or UNKNOWN_TASK
             queue, waiting_since, known = self._queue_of(task, kind, event), None, None
-        waiting_since, waited = _waiting(kind, event, waiting_since) if kind in _WAIT_KINDS else (waiting_since, None)
-        exception = exception_class(_text(event.get("exception"))) if kind in WITH_EXCEPTION else ""
+        if kind in _WAIT_KINDS:
+            waiting_since, waited = _waiting(kind, self._timestamp(event), event, waiting_since)
+        else:
+            waited = None
+        exception = self._exception(event) if kind in WITH_EXCEPTION else ""
         key = (kind, task, worker, queue, exception)
         counters = self.counters
         if key in counters:
@@ -402,9 +431,7 @@ class ServiceMetrics:
         if waited is not None:
             self._observe(self.queue_wait, key, waited)
         elif kind == "succeeded":
-            runtime = event.get("runtime")
-            if _is_duration(runtime):
-                self._succeeded(key, uuid, float(runtime), now)
+            self._succeeded(key, uuid, event.get("runtime"), now)
         if uuid:
             if kind in ("succeeded", "failed", "rejected", "revoked"):
                 if tasks.pop(uuid, None) is not None:  # done: no later event of it needs the name
@@ -414,6 +441,19 @@ class ServiceMetrics:
                 tasks[uuid] = (task, queue, waiting_since)
                 if len(tasks) > remembered:
                     self._remembered_one_more()
+
+    def _timestamp(self, event: dict[str, Any]) -> float | None:
+        """The event's timestamp when it is one (one that is not is counted)."""
+        stamp = event.get("timestamp")
+        if _is_duration(stamp):
+            return float(stamp)
+        if stamp is not None:
+            self._refused("timestamp")
+        return None
+
+    def _exception(self, event: dict[str, Any]) -> str:
+        exception = exception_class(_text(event.get("exception")))
+        return exception if exception.isascii() else self._label("exception", exception)
 
     def _track_running(self, kind: str, event: dict[str, Any], uuid: str | None, worker: str, now: float) -> None:
         if not uuid:
@@ -451,12 +491,18 @@ class ServiceMetrics:
         """The tasks a worker runs that were seen starting, oldest first, named when their name is remembered."""
         return [dataclasses.replace(task, name=self._task_name(task.uuid)) for task in self.running.tasks(worker)]
 
-    def _succeeded(self, key: CounterKey, uuid: str | None, runtime: float, now: float) -> None:
-        """A run that ended well, `runtime` seconds long by the worker's measure."""
-        self._observe(self.runtime, key, runtime)
-        self.runtimes.observe(runtime, now)
+    def _succeeded(self, key: CounterKey, uuid: str | None, runtime: object, now: float) -> None:
+        """A run that ended well, `runtime` seconds long by the worker's measure (a runtime that is no duration is
+        counted and left out)."""
+        if not _is_duration(runtime):
+            if runtime is not None:
+                self._refused("runtime")
+            return
+        seconds = float(runtime)
+        self._observe(self.runtime, key, seconds)
+        self.runtimes.observe(seconds, now)
         if uuid:
-            self.reruns.succeeded(uuid, key[1], runtime, self.ack_timeout_seconds)
+            self.reruns.succeeded(uuid, key[1], seconds, self.ack_timeout_seconds)
 
     def _observe(self, histogram: Histogram, key: CounterKey, value: float) -> None:
         series = (key[1], key[2], key[3])
@@ -470,6 +516,8 @@ class ServiceMetrics:
         if queue is None:
             sent_to = event.get("queue") if kind == "sent" else None
             queue = sent_to if _is_label(sent_to) else DEFAULT_QUEUE
+            if not queue.isascii():
+                queue = self._label("queue_name", queue)
         return queue
 
     def _new_counter(self, key: CounterKey) -> CounterKey:
@@ -499,6 +547,17 @@ class ServiceMetrics:
         return key
 
     # --- bounds -----------------------------------------------------------------------------
+
+    def _refused(self, field: str) -> None:
+        self.refused_values[field] = self.refused_values.get(field, 0) + 1
+
+    def _label(self, field: str, value: str) -> str:
+        """`value` as a label value can carry it: text that is no valid UTF-8 (a lone surrogate) written with U+FFFD
+        in its place, and counted."""
+        valid = _valid_text(value)
+        if valid is not value:
+            self._refused(field)
+        return valid
 
     def _overflowed(self, label: str, value: str) -> None:
         overflow = self.overflows.get(label)
@@ -632,9 +691,11 @@ class ServiceMetrics:
         if kind == "online":
             self._cut_runs(worker, "worker_lost", now)  # (re)started: its predecessor's runs were cut
         active = event.get("active")
-        if isinstance(active, int) and not isinstance(active, bool) and active >= 0:
+        if isinstance(active, int) and not isinstance(active, bool) and 0 <= active <= MAX_ACTIVE:
             self.worker_active[worker] = active
             self.running.active(worker, active, now)  # how many it runs: those not seen starting are the rest
+        elif active is not None:
+            self._refused("active")
 
     # --- garbage collection -----------------------------------------------------------------
 
