@@ -137,10 +137,23 @@ def _cel_violations(schema: dict[str, Any], value: Any, old: Any, path: list[str
 
 
 def stored(crd: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
-    """`obj` as the API server stores it, and the operator reads it: nulls pruned, defaults applied."""
+    """`obj` as the API server stores it, and the operator reads it: nulls pruned, defaults applied, and a number
+    with a zero fraction an integer (the API server decodes `1.0` to a float and writes it back as `1`: measured on
+    v1.37.2 with a replay's ratePerSecond)."""
     schema = openapi_schema(crd)
-    found: dict[str, Any] = apply_defaults(schema, prune_nulls(schema, copy.deepcopy(obj)))
+    found: dict[str, Any] = apply_defaults(schema, prune_nulls(schema, _whole_numbers(copy.deepcopy(obj))))
     return found
+
+
+def _whole_numbers(value: Any) -> Any:
+    # Go writes a float below 1e21 without exponent (`1`), larger ones with one (`1e+21`), read back as a float.
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _whole_numbers(inner) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(inner) for inner in value]
+    return value
 
 
 def admit(crd: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[Violation]:

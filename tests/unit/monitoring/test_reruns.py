@@ -50,12 +50,21 @@ def run(registry: MetricsRegistry, *steps: tuple[float, str, str] | tuple[float,
             60.0,
             id="delivered-again-early-while-it-ran-a-lost-connection",
         ),
+        # worker-offline comes when the warm shutdown begins: the run goes on until its process ends, which the task's
+        # delivery again (once the process's connection closed) or its pod's deletion shows.
         pytest.param(
             [(0.0, "received", "pod-a"), (0.0, "started", "pod-a"), (30.0, "worker-offline", "pod-a"),
              (31.0, "started", "pod-b")],
             "pod_stopped",
-            30.0,
+            31.0,
             id="its-worker-shut-down-before-it-ended",
+        ),
+        pytest.param(
+            [(0.0, "received", "pod-a"), (0.0, "started", "pod-a"), (3.0, "worker-offline", "pod-a"),
+             (41.0, "deleted", "pod-a"), (55.0, "started", "pod-b")],
+            "pod_stopped",
+            41.0,
+            id="its-worker-shut-down-and-was-killed-after-the-grace-period",
         ),
         pytest.param(
             [(0.0, "received", "pod-a"), (0.0, "started", "pod-a"), (40.0, "deleted", "pod-a"),

@@ -1,7 +1,10 @@
 """Tasks run again, and why (pure): the same task id started again before its run ended, or after its run was cut.
 
 A run is cut when the worker it runs on shuts down or its pod is deleted (a rollout, a scale-in or an eviction whose
-grace period was shorter than the task), when its worker process dies (Celery's WorkerLostError) or restarts. A task
+grace period was shorter than the task), when its worker process dies (Celery's WorkerLostError) or restarts. A worker
+says it goes offline when its warm shutdown begins (SIGTERM), and its runs go on until they end or the kubelet kills it
+at the end of the grace period: such a run lasted until its pod was gone, or until its task was delivered again (which
+the broker does once the process's connection closed), whichever came first. A task
 started again while its first run still goes on, or after a run that outlasted the broker's delivery-acknowledgement
 timeout (`consumer_timeout`: the broker closes the channel and gives the message to a worker again, while the first
 still runs it), was delivered again by the broker: by that timeout when the first run had lasted about as long, else
@@ -39,7 +42,8 @@ class _Cut:
     cause: Cause
     task: str | None
     started_at: float
-    cut_at: float
+    cut_at: float | None  # None: its worker was going (offline), and the run went on until the process ended
+    going: str | None = None  # that worker
 
 
 class Reruns:
@@ -48,6 +52,7 @@ class Reruns:
         # Runs that ended after outlasting the acknowledgement timeout: their message was given out again meanwhile.
         self._timed_out: collections.OrderedDict[str, tuple[str | None, float]] = collections.OrderedDict()
         self.recent: collections.deque[Rerun] = collections.deque(maxlen=RECENT_KEPT)
+        self._going: dict[str, set[str]] = {}  # worker → its runs cut while it shuts down, not ended yet
 
     def succeeded(self, uuid: str, task: str | None, runtime: float, ack_timeout: float | None) -> None:
         """A run ended well after `runtime` seconds (the worker's own measure: right for the solo pool too, whose
@@ -58,17 +63,40 @@ class Reruns:
                 self._timed_out.popitem(last=False)
 
     def cut(
-        self, uuid: str, cause: Cause, task: str | None, started_at: float, now: float, *, ack_timeout: float | None
+        self,
+        uuid: str,
+        cause: Cause,
+        task: str | None,
+        started_at: float,
+        now: float,
+        *,
+        ack_timeout: float | None,
+        going: str | None = None,
     ) -> None:
         """A run ended without its task's end: it is run again when its message is delivered again. A run cut after
         outlasting the acknowledgement timeout was cut by the broker whatever the worker said: it closes the
-        channel, which the worker takes for a lost connection (worker-offline, then online as it reconnects)."""
+        channel, which the worker takes for a lost connection (worker-offline, then online as it reconnects).
+        `going`: the worker said it goes offline (its warm shutdown began): the run goes on until `ended(going)`
+        or its task is delivered again."""
         if ack_timeout is not None and now - started_at >= ACK_TIMEOUT_SHARE * ack_timeout:
-            cause = "ack_timeout"
-        self._cut[uuid] = _Cut(cause, task, started_at, now)
+            cause, going = "ack_timeout", None
+        self._cut[uuid] = _Cut(cause, task, started_at, None if going is not None else now, going)
         self._cut.move_to_end(uuid)
+        if going is not None:
+            self._going.setdefault(going, set()).add(uuid)
         while len(self._cut) > RUNS_CUT_KEPT:
-            self._cut.popitem(last=False)
+            self._forget_going(*self._cut.popitem(last=False))
+
+    def _forget_going(self, uuid: str, cut: _Cut) -> None:
+        if cut.going is not None:
+            self._going.get(cut.going, set()).discard(uuid)
+
+    def ended(self, worker: str, now: float) -> None:
+        """The worker's process has ended (its pod is gone): so have the runs it went on with after going offline."""
+        for uuid in self._going.pop(worker, ()):
+            cut = self._cut.get(uuid)
+            if cut is not None and cut.cut_at is None:
+                self._cut[uuid] = dataclasses.replace(cut, cut_at=now)
 
     def started(
         self, uuid: str, task: str | None, running_since: float | None, now: float, ack_timeout: float | None
@@ -86,7 +114,10 @@ class Reruns:
         else:
             cut = self._cut.pop(uuid, None)
             if cut is not None:
-                found = Rerun(task or cut.task, cut.cause, cut.cut_at - cut.started_at, now)
+                self._forget_going(uuid, cut)
+                # Delivered again: a run its worker went on with had ended by now.
+                ended = cut.cut_at if cut.cut_at is not None else now
+                found = Rerun(task or cut.task, cut.cause, ended - cut.started_at, now)
         if found is not None:
             self.recent.append(found)
         return found

@@ -479,11 +479,18 @@ class ServiceMetrics:
         known = self._tasks.get(uuid)
         return known[0] if known is not None and known[0] != UNKNOWN_TASK else None
 
-    def _cut_runs(self, worker: str, cause: Cause, now: float) -> None:
-        """The worker's runs end without their tasks' end: run again when delivered again."""
+    def _cut_runs(self, worker: str, cause: Cause, now: float, *, going: bool = False) -> None:
+        """The worker's runs end without their tasks' end: run again when delivered again. `going`: it shuts down,
+        and its runs go on until its process ends."""
         for task in self.running.tasks(worker):
             self.reruns.cut(
-                task.uuid, cause, self._task_name(task.uuid), task.started_at, now, ack_timeout=self.ack_timeout_seconds
+                task.uuid,
+                cause,
+                self._task_name(task.uuid),
+                task.started_at,
+                now,
+                ack_timeout=self.ack_timeout_seconds,
+                going=worker if going else None,
             )
         self.running.forget(worker)
 
@@ -684,7 +691,9 @@ class ServiceMetrics:
         if kind == "offline":
             self.worker_up[worker] = 0
             self.worker_active[worker] = 0
-            self._cut_runs(worker, "pod_stopped", now)  # shut down: what it still ran is handed back to the broker
+            # Its warm shutdown began: what it still runs goes on until it ends or the kubelet kills the process, then
+            # is handed back to the broker.
+            self._cut_runs(worker, "pod_stopped", now, going=True)
             return
         self.worker_up[worker] = 1
         self.last_heartbeat[worker] = now
@@ -712,6 +721,7 @@ class ServiceMetrics:
                 self.queue_wait.remove(key)
         for per_worker in (self.worker_up, self.worker_active, self.last_heard, self.last_heartbeat, self.first_heard):
             per_worker.pop(worker, None)
+        self.reruns.ended(worker, now)
         self._cut_runs(worker, "pod_stopped", now)
         self._outside.discard(worker)
         self._tombstones[worker] = now
