@@ -12,9 +12,22 @@ replayed first the next time.
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 
 from hypothesis import HealthCheck, settings
+
+import celery_event_devcluster
+import celery_event_operator
+
+# Hypothesis draws some values from the literals of the project's own modules loaded when it generates (its "local
+# constants"): which ones depends on what ran before in the process, so `ci`'s examples changed with the test files an
+# xdist worker was given (a failure seen in one run and not the next). Loading every module first makes them the same
+# in every run.
+for _package in (celery_event_operator, celery_event_devcluster):
+    for _module in pkgutil.walk_packages(_package.__path__, f"{_package.__name__}."):
+        importlib.import_module(_module.name)
 
 settings.register_profile(
     "ci",
