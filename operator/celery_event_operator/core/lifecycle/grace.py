@@ -48,23 +48,24 @@ def grace(
     maximum: int,
 ) -> Grace:
     """`observed`: the runtime 99 % of the recent tasks did not exceed (None: none ran); `longest_running`: how long
-    the longest task running now has run; `maximum`: workers.maxGracePeriodSeconds."""
+    the longest task running now has run; `maximum`: workers.maxGracePeriodSeconds. The basis names what decided
+    the grace with the figure the grace covers, not the runtimes themselves: it changes when the grace does (or what
+    decides it), not each time a running task's age or the percentile moves within the same step."""
     if max_task_runtime is not None:
         need, basis = float(max_task_runtime), f"workers.maxTaskRuntimeSeconds {max_task_runtime} s"
     elif time_limit is not None:
         need, basis = float(time_limit), f"workers.celery.timeLimitSeconds {time_limit} s"
+    elif observed is None and longest_running is None:
+        return Grace(DEFAULT_SECONDS, "no task runtime observed yet: Kubernetes' default")
     else:
-        parts = []
-        need = 0.0
-        if observed is not None:
-            need = observed
-            parts.append(f"99 % of the tasks of the last hour ran within {observed:.0f} s")
-        if longest_running is not None and longest_running > need:
-            need = float(_power_of_two(longest_running))
-            parts.append(f"a task running now has run up to {need:.0f} s")
-        if not parts:
-            return Grace(DEFAULT_SECONDS, "no task runtime observed yet: Kubernetes' default")
-        basis = "; ".join(parts)
+        seen = observed or 0.0
+        running = float(_power_of_two(longest_running)) if longest_running is not None else 0.0
+        need = max(seen, running)
+        covered = _stepped(need + MARGIN_SECONDS) - MARGIN_SECONDS
+        if _stepped(running + MARGIN_SECONDS) > _stepped(seen + MARGIN_SECONDS):
+            basis = f"a task running now has run longer than the tasks of the last hour: up to {covered} s"
+        else:
+            basis = f"99 % of the tasks of the last hour ran within {covered} s"
     seconds = max(DEFAULT_SECONDS, _stepped(need + MARGIN_SECONDS))
     if seconds > maximum:
         return Grace(maximum, f"{basis}: capped by workers.maxGracePeriodSeconds {maximum} s")
