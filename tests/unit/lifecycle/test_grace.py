@@ -13,7 +13,8 @@ from celery_event_operator.core.monitoring.runtimes import WINDOW_SECONDS, Runti
     [
         pytest.param({}, 30, "no task runtime observed yet: Kubernetes' default", id="nothing-seen"),
         pytest.param(
-            {"observed": 8.0}, 30, "99 % of the tasks of the last hour ran within 20 s, and 10 s for the worker to exit",
+            {"observed": 8.0}, 30,
+            "99 % of the tasks of the last hour ran within 20 s, and 10 s for the worker to exit",
             id="short-tasks-kubernetes-default",
         ),
         pytest.param(
