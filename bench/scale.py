@@ -2,6 +2,10 @@
 
     .venv/bin/python bench/scale.py [--services 1000] [--queue-type classic|quorum|mixed]
                                     [--ingest-services 100] [--idle-seconds 60] [--pods-per-service 2]
+                                    [--reference COMMIT]
+
+With --reference, the same run is made first with the operator of COMMIT (a worktree of it, imported first), then with
+this checkout's, and the figures are printed side by side at the end.
 
 Each service has 1 handler, maxRetries 3, monitoring and autoscaling on, a Deployment as its scale
 target and --pods-per-service Running worker pods on its settings (no kubelet: a publisher sends their Celery
@@ -17,7 +21,8 @@ API is needed). Printed, in order:
 - its threads and RSS; its CPU while idle (no changes; the worker pods heartbeat as Celery's do, every 2 s)
   over --idle-seconds; the Kubernetes API writes per minute over the same time;
 - the Kubernetes API writes per minute under a changing load: each service's first pod runs a long task for
-  30 s out of every 60 s (its deletion cost goes up and down), over --idle-seconds;
+  30 s out of every 60 s (its deletion cost goes up and down), over --idle-seconds, in all and by kind (the
+  resource and subresource written: services' status, pods' deletion costs, workloads' scale, Events, …);
 - events/s ingested while a generator publishes to --ingest-services services at once, beside the
   figure for one service in the same run.
 """
@@ -55,6 +60,17 @@ PODS = "/api/v1/namespaces/default/pods"
 HEARTBEAT_SECONDS = 2.0  # Celery's
 LOAD_PERIOD_SECONDS = 60.0  # the changing load: a long task for the first half of each period
 INTERVAL = 15  # statusIntervalSeconds: the default
+
+
+class Figures:
+    """The run's figures, printed as they come and kept in order for the side-by-side table."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def __call__(self, figure: str, value: str) -> None:
+        self.values[figure] = value
+        print(f"{figure + ':':<40} {value}", flush=True)
 
 
 def name(index: int) -> str:
@@ -160,11 +176,6 @@ def conditions_true(api: EmulatedApi, kind: str) -> int:
     )
 
 
-def api_revision(api: EmulatedApi) -> int:
-    """The emulated API's resourceVersion: it moves with every write that changes an object (Events included)."""
-    return int(api.client.get("/api/v1/namespaces/default/events")["metadata"]["resourceVersion"])
-
-
 def process_figures(pid: int) -> tuple[int, float, float]:
     """(threads, RSS MB, CPU seconds) of a process, from /proc."""
     status = pathlib.Path(f"/proc/{pid}/status").read_text()
@@ -267,9 +278,10 @@ def report_steady_state(
     *,
     url: str,
     args: argparse.Namespace,
+    record: Figures,
 ) -> None:
     if not args.pods_per_service:
-        measure_steady_state(api, operator, management, vhost, args)
+        measure_steady_state(api, operator, management, vhost, args=args, record=record)
         return
     stop = multiprocessing.Event()
     heartbeats = multiprocessing.Process(
@@ -277,7 +289,7 @@ def report_steady_state(
     )
     heartbeats.start()
     try:
-        measure_steady_state(api, operator, management, vhost, args)
+        measure_steady_state(api, operator, management, vhost, args=args, record=record)
     finally:
         stop.set()
         heartbeats.join()
@@ -288,34 +300,45 @@ def measure_steady_state(
     operator: OperatorProcess,
     management: rabbitmq.Management,
     vhost: str,
+    *,
     args: argparse.Namespace,
+    record: Figures,
 ) -> None:
     time.sleep(2 * INTERVAL)  # every status refreshed at least once
     stamps = scraped(operator, "celery_event_operator_status_pass_timestamp_seconds")
     now = time.time()
     ages = sorted((now - stamps.get(name(i), 0.0)) / INTERVAL for i in range(args.services))
     p99 = ages[min(len(ages) - 1, int(len(ages) * 0.99))]
-    print(f"status age / interval: max {ages[-1]:.2f}, p99 {p99:.2f}, median {statistics.median(ages):.2f}")
-    print(f"consumers connected:  {conditions_true(api, 'MonitoringReady')}/{args.services}")
+    record("status age / interval", f"max {ages[-1]:.2f}, p99 {p99:.2f}, median {statistics.median(ages):.2f}")
+    record("consumers connected", f"{conditions_true(api, 'MonitoringReady')}/{args.services}")
     connections = operator_connections(management, vhost)
     channels = sum(c.get("channels", 0) for c in connections)
-    print(f"AMQP connections:     {len(connections)}, channels {channels}")
+    record("AMQP connections", f"{len(connections)}, channels {channels}")
     assert operator.process is not None
     threads, rss, cpu0 = process_figures(operator.process.pid)
-    revision0, at0 = api_revision(api), time.monotonic()
+    writes0, at0 = api.writes(), time.monotonic()
     time.sleep(args.idle_seconds)
     _, rss, cpu1 = process_figures(operator.process.pid)
     minutes = (time.monotonic() - at0) / 60
-    print(f"threads:              {threads}")
-    print(f"RSS:                  {rss:.0f} MB")
-    print(
-        f"idle CPU:             {100 * (cpu1 - cpu0) / (minutes * 60):.1f} % of one core over {args.idle_seconds:.0f}s"
-    )
-    print(f"API writes at rest:   {(api_revision(api) - revision0) / minutes:.1f} per minute")
-    print(f"stuck workers:        {conditions_false(api, 'WorkersHealthy')} services report some")
+    record("threads", f"{threads}")
+    record("RSS", f"{rss:.0f} MB")
+    record("idle CPU", f"{100 * (cpu1 - cpu0) / (minutes * 60):.1f} % of one core over {args.idle_seconds:.0f}s")
+    record_writes(record, "API writes at rest", writes0, api.writes(), minutes)
+    record("stuck workers", f"{conditions_false(api, 'WorkersHealthy')} services report some")
 
 
-def report_changing_load(api: EmulatedApi, url: str, args: argparse.Namespace) -> None:
+def record_writes(
+    record: Figures, figure: str, before: dict[tuple[str, str], int], after: dict[tuple[str, str], int], minutes: float
+) -> None:
+    """Writes per minute between two counts of the emulated API's, in all and per resource written."""
+    kinds = {kind: (after.get(kind, 0) - before.get(kind, 0)) / minutes for kind in after}
+    record(f"{figure}, per minute", f"{sum(kinds.values()):.1f}")
+    for (resource, subresource), rate in sorted(kinds.items(), key=lambda item: -item[1]):
+        if rate:
+            record(f"  {resource}{'/' + subresource if subresource else ''}", f"{rate:.1f}")
+
+
+def report_changing_load(api: EmulatedApi, url: str, args: argparse.Namespace, record: Figures) -> None:
     """API writes per minute while each service's first pod runs a long task half of the time."""
     stop = multiprocessing.Event()
     load = multiprocessing.Process(
@@ -324,15 +347,11 @@ def report_changing_load(api: EmulatedApi, url: str, args: argparse.Namespace) -
     load.start()
     try:
         time.sleep(LOAD_PERIOD_SECONDS / 2)  # the first long tasks pass 10 s: costs go up
-        revision0, at0 = api_revision(api), time.monotonic()
-        patched0 = cost_annotated(api)
+        writes0, at0 = api.writes(), time.monotonic()
+        record("pods with a deletion cost at the start", f"{cost_annotated(api)}")
         time.sleep(max(args.idle_seconds, LOAD_PERIOD_SECONDS))
         minutes = (time.monotonic() - at0) / 60
-        print(
-            f"API writes, changing load: {(api_revision(api) - revision0) / minutes:.1f} per minute "
-            f"({args.services} pods' deletion cost up and down every {LOAD_PERIOD_SECONDS:.0f} s; "
-            f"{patched0} annotated at the start)"
-        )
+        record_writes(record, "API writes, changing load", writes0, api.writes(), minutes)
     finally:
         stop.set()
         load.join()
@@ -366,9 +385,25 @@ def main() -> int:
     parser.add_argument("--pods-per-service", type=int, default=2, help="0: no pods (and no worker events)")
     parser.add_argument("--resync-seconds", type=float, default=30)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--reference", help="a commit whose operator runs first, for its figures beside these")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped from outside: still remove the vhost
+    if args.reference is None:
+        return 0 if run(args, None) is not None else 1
+    with bench.reference_checkout(args.reference) as source:
+        print(f"== the operator of {args.reference}")
+        before = run(args, source)
+    print("== the operator of this checkout")
+    after = run(args, None)
+    if before is None or after is None:
+        return 1
+    bench.side_by_side(args.reference, before.values, after.values)
+    return 0
 
+
+def run(args: argparse.Namespace, source: pathlib.Path | None) -> Figures | None:
+    """One run of the benchmark with the operator of `source` (None: this checkout's); None when it timed out."""
+    record = Figures()
     with bench.broker_vhost() as (management, vhost, url):
         workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
         print(
@@ -382,39 +417,43 @@ def main() -> int:
                 for number in range(args.pods_per_service):
                     api.client.create(PODS, pod(index, number, queue_type_of(index, args.queue_type)))
             operator = OperatorProcess(
-                api.kubeconfig, workdir / "operator.log", resync_seconds=args.resync_seconds, verbose=False
+                api.kubeconfig,
+                workdir / "operator.log",
+                resync_seconds=args.resync_seconds,
+                verbose=False,
+                source=source,
             ).start()
             try:
                 started = time.monotonic()
                 for index in range(args.services):
                     api.client.create(CES, service(index, queue_type_of(index, args.queue_type)))
-                print(f"created in {time.monotonic() - started:.1f}s")
+                record("created", f"{time.monotonic() - started:.1f} s")
                 while (ready := conditions_true(api, "Ready")) < args.services:
                     if time.monotonic() - started > args.timeout:
                         print(f"timeout: {ready}/{args.services} Ready after {args.timeout:.0f}s")
-                        return 1
+                        return None
                     time.sleep(1)
-                print(f"all Ready:            {time.monotonic() - started:.1f}s")
+                record("all Ready", f"{time.monotonic() - started:.1f} s")
 
-                report_steady_state(api, operator, management, vhost, url=url, args=args)
+                report_steady_state(api, operator, management, vhost, url=url, args=args, record=record)
                 if args.pods_per_service:
-                    report_changing_load(api, url, args)
+                    report_changing_load(api, url, args, record)
                 single, single_cpu, single_broker = ingest(operator, url, [name(0)], args.ingest_events)
                 many, many_cpu, many_broker = ingest(
                     operator, url, [name(i) for i in range(args.ingest_services)], args.ingest_events
                 )
-                print(
-                    f"ingest, 1 service:    {single:,.0f} events/s, operator CPU {single_cpu:.1f} µs/event"
-                    f"{broker_figure(single_broker)}"
+                record(
+                    "ingest, 1 service",
+                    f"{single:,.0f} events/s, operator CPU {single_cpu:.1f} µs/event{broker_figure(single_broker)}",
                 )
-                print(
-                    f"ingest, {args.ingest_services} services: {many:,.0f} events/s "
-                    f"({100 * many / single:.0f} % of one service's), operator CPU {many_cpu:.1f} µs/event"
-                    f"{broker_figure(many_broker)}"
+                record(
+                    f"ingest, {args.ingest_services} services",
+                    f"{many:,.0f} events/s ({100 * many / single:.0f} % of one service's), operator CPU "
+                    f"{many_cpu:.1f} µs/event{broker_figure(many_broker)}",
                 )
             finally:
                 operator.stop()
-    return 0
+    return record
 
 
 if __name__ == "__main__":

@@ -225,6 +225,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _store_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     # Whom it restricts (nobody by default) and what they asked.
     access: AccessControl = attrs.field(factory=AccessControl, init=False)
+    # Every write served, by resource and subresource ("pods", "" / "celeryeventservices", "status"): what the
+    # benchmarks report per kind.
+    writes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -285,6 +288,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._authorize(request)
         if request.action == kmock.action.WATCH:
             return await self._watch(request)
+        if request.method in (kmock.method.POST, kmock.method.PATCH, kmock.method.PUT, kmock.method.DELETE):
+            self.writes[(request.resource.plural, request.subresource or "")] += 1
         if request.subresource == "scale" and request.name is not None:
             return aiohttp.web.json_response(await self._scale(request))
         if request.subresource == "eviction" and request.name is not None and request.method == kmock.method.POST:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-from collections.abc import Iterator
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
 
 from celery_event_operator.core.api import crd
 from tests.support import rabbitmq
@@ -46,3 +48,22 @@ def cpu_seconds(pid: int) -> float:
     """The CPU time of a process so far (user and system), from /proc."""
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def reference_checkout(commit: str) -> Iterator[pathlib.Path]:
+    """A worktree of `commit` (removed afterwards), whose operator a benchmark runs beside this checkout's."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="ceo-reference-"))
+    adding = ["git", "worktree", "add", "--detach", "--force", str(path), commit]
+    subprocess.run(adding, check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], check=False, capture_output=True)
+
+
+def side_by_side(reference: str, before: Mapping[str, str], after: Mapping[str, str]) -> None:
+    """The figures of the reference run and of this one, in one table."""
+    print(f"\n{'figure':<40} | {reference:<48} | this checkout")
+    for figure in dict.fromkeys([*before, *after]):
+        print(f"{figure:<40} | {before.get(figure, '-'):<48} | {after.get(figure, '-')}")

@@ -135,6 +135,10 @@ class EmulatedApi:
         """Enable an admission plugin for the restricted identities (owner_references.NAME)."""
         self._on_loop(lambda emulator: emulator.access.admission.add(plugin))
 
+    def writes(self) -> dict[tuple[str, str], int]:
+        """Every write served so far, by (resource, subresource)."""
+        return self._on_loop(lambda emulator: dict(emulator.writes))
+
     def asked(self) -> dict[Asked, int]:
         """What the restricted identities asked so far, and how often."""
         return self._on_loop(lambda emulator: dict(emulator.access.asked))

@@ -40,8 +40,11 @@ class OperatorProcess:
         resync_seconds: float = 2.0,
         verbose: bool = True,
         webhook: bool = True,
+        source: pathlib.Path | None = None,
     ) -> None:
+        """`source`: a checkout whose operator runs instead of this one's (a benchmark's reference commit)."""
         self.kubeconfig = kubeconfig
+        self.source = source
         self.verbose = verbose
         self.log_path = log_path
         self.webhook = webhook
@@ -92,6 +95,8 @@ class OperatorProcess:
 
     def _start(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        if self.source is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.source / "operator"), env.get("PYTHONPATH")]))
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
