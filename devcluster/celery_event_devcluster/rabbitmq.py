@@ -6,8 +6,10 @@ live in a host directory bind-mounted at /node, and when the node's first proces
 (epmd included) and drops the mounts — nothing is left behind.
 
 `python -m celery_event_devcluster.rabbitmq run VERSION -- COMMAND...` starts a node of VERSION on the standard ports
-(AMQP 5672, management 15672, Prometheus 15692) in a network namespace of its own, joined to this one by a veth
-pair, runs COMMAND with `AMQP_URL` pointing at it, then stops it and removes the namespace. The standard ports keep
+(AMQP 5672, management 15672) in a network namespace of its own, joined to this one by a veth pair, runs COMMAND with
+`AMQP_URL` pointing at it, then stops it and removes the namespace — also when `run` is told to stop (SIGINT,
+SIGTERM, SIGHUP). Killed outright (SIGKILL), it takes the node and COMMAND with it (they die with their parent), and
+the next `run` removes the namespace and files it left. The standard ports keep
 what the operator derives from an `amqp://` URL (the management API at the same host, port 15672) true, as on a
 user's broker. The tests' private nodes (`Node` on loopback, ports of their own) use the same version
 (`CEO_RABBITMQ_VERSION`).
@@ -22,6 +24,7 @@ import fcntl
 import ipaddress
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,9 +41,9 @@ VERSION_VARIABLE = "CEO_RABBITMQ_VERSION"
 NAMESPACE_PREFIX = "ceo-rmq-"
 SUBNET = ipaddress.IPv4Network("10.251.0.0/16")
 LOCK_FILE = pathlib.Path(tempfile.gettempdir()) / "ceo-rabbitmq-namespaces.lock"
+BASE_PREFIX = "ceo-rabbitmq-"  # a run's node directory: ceo-rabbitmq-<pid>-<version>-…
 AMQP_PORT = 5672
 MANAGEMENT_PORT = 15672
-PROMETHEUS_PORT = 15692
 EPMD_PORT = 4369
 # RabbitMQ counts each quorum queue's files against its file-handle limit (the open-files limit less ~10 %); its
 # production checklist asks for 65,536. A process without CAP_SYS_RESOURCE cannot pass its hard limit: it takes that.
@@ -98,7 +101,6 @@ class Node:
     listen: str = "127.0.0.1"  # the address its listeners bind (0.0.0.0 in a namespace of its own)
     address: str = "127.0.0.1"  # where this side reaches it
     management_port: int | None = None
-    prometheus_port: int | None = None
     config: str = ""  # more rabbitmq.conf lines (a file of `base` is at `inside(path)` for the node)
     more_ports: tuple[int, ...] = ()  # listeners of `config` to wait for (e.g. TLS)
     advanced: str = "[]."  # advanced.config
@@ -106,7 +108,15 @@ class Node:
     _process: subprocess.Popen[bytes] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @classmethod
-    def on_loopback(cls, version: str, base: pathlib.Path, name: str, **options: object) -> Node:
+    def on_loopback(
+        cls,
+        version: str,
+        base: pathlib.Path,
+        name: str,
+        *,
+        management_port: int | None = None,
+        more_ports: tuple[int, ...] = (),
+    ) -> Node:
         """A node on 127.0.0.1 with ports of its own, its own epmd included, beside any other (the tests' private
         nodes)."""
         return cls(
@@ -116,7 +126,8 @@ class Node:
             port=free_port(),
             dist_port=free_port(),
             epmd_port=free_port(),
-            **options,  # type: ignore[arg-type]
+            management_port=management_port,
+            more_ports=more_ports,
         )
 
     def _prefix(self, root: pathlib.Path) -> list[str]:
@@ -150,9 +161,6 @@ class Node:
         if self.management_port is not None:
             config += f"management.tcp.port = {self.management_port}\nmanagement.tcp.ip = {self.listen}\n"
             plugins.append("rabbitmq_management")
-        if self.prometheus_port is not None:
-            config += f"prometheus.tcp.port = {self.prometheus_port}\nprometheus.tcp.ip = {self.listen}\n"
-            plugins.append("rabbitmq_prometheus")
         (self.base / "rabbitmq.conf").write_text(config + self.config)
         (self.base / "advanced.config").write_text(self.advanced + "\n")
         (self.base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
@@ -174,7 +182,7 @@ class Node:
         (self.base / "env.sh").write_text("".join(f"export {key}='{value}'\n" for key, value in variables.items()))
 
     def ports(self) -> list[int]:
-        ports = (self.port, self.management_port, self.prometheus_port, *self.more_ports)
+        ports = (self.port, self.management_port, *self.more_ports)
         return [port for port in ports if port is not None]
 
     def inside(self, path: pathlib.Path) -> str:
@@ -190,7 +198,8 @@ class Node:
         self._write_files()
         output = (self.base / "server.out").open("wb")
         self._process = subprocess.Popen(
-            [*self._prefix(root), "rabbitmq-server"],
+            # unshare --kill-child takes the node along when it is killed
+            [*dying_with_parent("KILL"), *self._prefix(root), "rabbitmq-server"],
             env=self._environment(root),
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -237,17 +246,12 @@ class Node:
                 process.wait(timeout=timeout)
         self._process = None
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
 
 @dataclasses.dataclass
 class Network:
     """A network namespace joined to this one by a veth pair: this side `.1`, the namespace's `.2` of a /30."""
 
     name: str
-    host_address: ipaddress.IPv4Address
     address: ipaddress.IPv4Address
 
     @classmethod
@@ -276,7 +280,7 @@ class Network:
                 _delete_namespace(name)
                 raise
         try:
-            yield cls(name, host_address, address)
+            yield cls(name, address)
         finally:
             _delete_namespace(name)
 
@@ -307,19 +311,35 @@ def _delete_namespace(name: str) -> None:
 
 
 def _remove_abandoned() -> None:
-    """Namespaces of `run`s that were killed before they could clean up (their process is gone)."""
+    """What `run`s killed before they could clean up left: their namespaces and node directories (their process is
+    gone)."""
     listed = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout
     for line in listed.splitlines():
         name = line.split()[0] if line.split() else ""
-        owner = name.removeprefix(NAMESPACE_PREFIX)
-        if name.startswith(NAMESPACE_PREFIX) and owner.isdigit() and not pathlib.Path(f"/proc/{owner}").exists():
+        if name.startswith(NAMESPACE_PREFIX) and _gone(name.removeprefix(NAMESPACE_PREFIX)):
             _delete_namespace(name)
+    for base in pathlib.Path(tempfile.gettempdir()).glob(f"{BASE_PREFIX}*"):
+        if _gone(base.name.removeprefix(BASE_PREFIX).split("-")[0]):
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _gone(pid: str) -> bool:
+    return pid.isdigit() and not pathlib.Path(f"/proc/{pid}").exists()
+
+
+def dying_with_parent(signal_name: str) -> list[str]:
+    """A command's prefix: the kernel sends it the signal when the process that started it dies (PR_SET_PDEATHSIG,
+    kept across exec), so that a killed `run` or test process leaves no node or command running."""
+    return ["setpriv", f"--pdeathsig={signal_name}", "--"]
 
 
 @contextlib.contextmanager
-def isolated_node(version: str, config: str = "") -> Iterator[tuple[Node, Network]]:
+def isolated_node(version: str) -> Iterator[tuple[Node, Network]]:
     """A node of `version` on the standard ports, alone in a network namespace."""
-    with Network.created() as network, tempfile.TemporaryDirectory(prefix=f"ceo-rabbitmq-{version}-") as base:
+    with (
+        Network.created() as network,
+        tempfile.TemporaryDirectory(prefix=f"{BASE_PREFIX}{os.getpid()}-{version}-") as base,
+    ):
         node = Node(
             version,
             pathlib.Path(base),
@@ -330,8 +350,6 @@ def isolated_node(version: str, config: str = "") -> Iterator[tuple[Node, Networ
             listen="0.0.0.0",
             address=str(network.address),
             management_port=MANAGEMENT_PORT,
-            prometheus_port=PROMETHEUS_PORT,
-            config=config,
             namespace=network.name,
         )
         try:
@@ -341,19 +359,34 @@ def isolated_node(version: str, config: str = "") -> Iterator[tuple[Node, Networ
             node.stop()
 
 
+class Stopped(Exception):
+    """`run` was told to stop (SIGTERM, SIGHUP) before its command started."""
+
+
 def run(version: str, command: Sequence[str]) -> int:
-    """Runs `command` with a node of `version` at AMQP_URL; returns its exit code."""
-    with isolated_node(version) as (node, network):
-        url = f"amqp://guest:guest@{network.address}:{AMQP_PORT}/"
-        print(f"==> RabbitMQ {node.server_version()} at {url} (management http://{network.address}:{MANAGEMENT_PORT})",
-              file=sys.stderr, flush=True)  # fmt: skip
-        environment = {**os.environ, "AMQP_URL": url, VERSION_VARIABLE: version}
-        environment.pop("RABBITMQ_MANAGEMENT_URL", None)
-        child = subprocess.Popen(list(command), env=environment)
-        # The node and the namespace go when the command ends, however it ends.
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda received, _frame: child.send_signal(received))
-        return child.wait()
+    """Runs `command` with a node of `version` at AMQP_URL; returns its exit code. Told to stop, it stops the
+    command first (passing the signal on), then the node and the namespace."""
+    child: subprocess.Popen[bytes] | None = None
+
+    def stop(received: int, _frame: object) -> None:
+        if child is None:
+            raise Stopped(signal.Signals(received).name)
+        child.send_signal(received)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
+    try:
+        with isolated_node(version) as (node, network):
+            url = f"amqp://guest:guest@{network.address}:{AMQP_PORT}/"
+            print(f"==> RabbitMQ {node.server_version()} at {url} (management http://{network.address}:{MANAGEMENT_PORT})",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            environment = {**os.environ, "AMQP_URL": url, VERSION_VARIABLE: version}
+            environment.pop("RABBITMQ_MANAGEMENT_URL", None)
+            child = subprocess.Popen([*dying_with_parent("TERM"), *command], env=environment)
+            return child.wait()
+    except (Stopped, KeyboardInterrupt) as exc:
+        print(f"==> stopped ({exc or 'SIGINT'}) before the command started", file=sys.stderr, flush=True)
+        return 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,4 +39,12 @@ if [ ! -e "$out/.complete" ]; then
     touch "$staging/.complete"
     rm -rf "$out"; mv "$staging" "$out"
 fi
+touch "$out/.complete"  # used now
+# Other builds of this version (of an older build script, or left half-built) that no run used for a day go: about
+# 240 MB each. One another checkout still uses is built again there.
+for other in "$cache_root/$want"-*; do
+    case "$other" in "$out"|*.lock) continue ;; esac
+    [ -n "$(find "$other" -maxdepth 1 -name .complete -mmin -1440 2>/dev/null)" ] && continue
+    ( flock -n 9 || exit 0; rm -rf "$other" ) 9>"${other%.partial}.lock"
+done
 echo "$out"

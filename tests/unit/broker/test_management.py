@@ -26,3 +26,24 @@ async def test_a_page_that_is_not_the_apis_answer_is_the_api_unavailable_and_sho
                 assert "s3cret" not in str(raised.value)
         finally:
             await listing.close()
+
+
+async def test_an_api_that_answers_400_everywhere_is_unavailable_once_not_asked_for_ever() -> None:
+    """A proxy's 400 (plain HTTP on a TLS port): the overview asked to tell statistics off answers 400 as well."""
+    asked: list[str] = []
+
+    async def bad_request(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        asked.append(request.path)
+        return aiohttp.web.Response(status=400, text="The plain HTTP request was sent to HTTPS port")
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/{tail:.*}", bad_request)
+    async with TestServer(app) as server:
+        listing = QueueListing(parse("amqp://user:s3cret@127.0.0.1:5672/shop"), str(server.make_url("")), None)
+        try:
+            for listed in (listing.queues, listing.consumers, listing.holdings):
+                with pytest.raises(ManagementUnavailableError, match="HTTP 400"):
+                    await listed(0)
+        finally:
+            await listing.close()
+    assert len(asked) <= 6, asked

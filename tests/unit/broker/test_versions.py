@@ -38,12 +38,15 @@ def test_nothing_asked_without_a_timeout() -> None:
 @pytest.mark.parametrize(
     ("version", "queue_type", "expected"),
     [
-        pytest.param((3, 10, 8), "quorum", (True, False, False), id="3.10"),
-        pytest.param((4, 2, 0), "classic", (True, False, False), id="4.2"),
-        pytest.param((4, 3, 0), "classic", (False, False, False), id="4.3-classic"),
-        pytest.param((4, 3, 6), "quorum", (True, True, True), id="4.3-quorum"),
+        pytest.param((3, 10, 8), "quorum", (True, False), id="3.10"),
+        pytest.param((4, 2, 0), "classic", (True, False), id="4.2"),
+        pytest.param((4, 3, 0), "classic", (False, False), id="4.3-classic"),
+        pytest.param((4, 3, 6), "quorum", (True, True), id="4.3-quorum"),
+        # Not measured: classic queues may be timed out again (a warning too many rather than none).
+        pytest.param((4, 4, 0), "classic", (True, False), id="later-classic"),
+        pytest.param((4, 4, 0), "quorum", (True, True), id="later-quorum"),
     ],
 )
-def test_support(version: tuple[int, ...], queue_type: str, expected: tuple[bool, bool, bool]) -> None:
+def test_support(version: tuple[int, ...], queue_type: str, expected: tuple[bool, bool]) -> None:
     found = versions.ack_timeout_support(version, queue_type)
-    assert (found.enforced, found.per_consumer, found.cancels_consumer) == expected
+    assert (found.enforced, found.per_consumer) == expected

@@ -99,3 +99,13 @@ def test_reruns_are_said_per_cause_with_what_to_change() -> None:
         "(1); the longest first run lasted 640 s (the grace period, 600 s, was shorter: raise "
         "workers.maxGracePeriodSeconds)"
     ) in found.message
+
+
+def test_a_quorum_service_on_a_broker_that_honours_the_workers_own_is_told_to_give_them_a_spec() -> None:
+    """RabbitMQ 4.3, quorum queues, no spec.workers: nothing asked, the broker's timeout applies — the advice is
+    the spec that makes the workers ask, not the queue type the service already has."""
+    timeout = ack_timeout("4.3.6", 1800, None, "quorum")
+    assert (timeout.seconds, timeout.per_consumer, timeout.askable) == (1800.0, False, True)
+    found = run_once([Rerun("reports.build", "ack_timeout", 1805.0, 10.0)], timeout=timeout, observed=None, grace=None)
+    assert "give the service spec.workers" in found.message
+    assert "queueType: quorum" not in found.message

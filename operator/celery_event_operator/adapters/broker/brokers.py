@@ -140,11 +140,12 @@ class Broker:
             for name, role in roles.items()
             if (counts := listed.get(name)) is not None
         )
-        if any(listed[depth.queue].consumers is None for depth in found):
-            # The broker's statistics are off: its consumers of each queue are asked of the queue (passive declares).
-            states = await self.control.run_async(lambda connection: apply.inspect(connection, topology))
-            consumers = {state.name: state.consumers or 0 for state in states if state.kind == "queue"}
-            found = tuple(dataclasses.replace(depth, consumers=consumers.get(depth.queue, 0)) for depth in found)
+        unlisted = [depth.queue for depth in found if depth.role == "events" and listed[depth.queue].consumers is None]
+        if unlisted:
+            # The broker's statistics are off: the handler queues' consumers (the status counts those) are asked of
+            # each queue, a passive declare each.
+            counted = await self.control.run_async(lambda connection: apply.consumers(connection, unlisted))
+            found = tuple(dataclasses.replace(depth, consumers=counted.get(depth.queue, 0)) for depth in found)
             return found, "ready + unacknowledged (the broker's statistics are off: consumers by passive declares)"
         return found, "ready + unacknowledged"
 

@@ -153,15 +153,8 @@ class QueueListing:
             if status != 200 or not isinstance(body, dict):
                 raise ManagementUnavailableError(f"management API at {self.base_url}: HTTP {status}")
             if "messages_ready" not in body and await self._statistics_off():
-                body = await self._get(f"{path}&{TOTALS}")
-                return QueueCounts(
-                    int(body.get("messages_ready") or 0), int(body.get("messages_unacknowledged") or 0), None
-                )
-            return QueueCounts(
-                int(body.get("messages_ready") or 0),
-                int(body.get("messages_unacknowledged") or 0),
-                int(body.get("consumers") or 0),
-            )
+                return _counts(await self._get(f"{path}&{TOTALS}"), consumers=False)
+            return _counts(body, consumers=True)
 
         return await self._guarded(fetch)()
 
@@ -193,8 +186,9 @@ class QueueListing:
         return found
 
     async def _statistics_off(self) -> bool:
-        overview = await self._get("/api/overview?columns=disable_stats")
-        return bool(overview.get("disable_stats"))
+        """Whether the broker says its statistics are off; any other answer (a proxy's page, an error) is no."""
+        status, overview = await self._answer("/api/overview?columns=disable_stats")
+        return status == 200 and isinstance(overview, dict) and overview.get("disable_stats") is True
 
     def _unseen(self) -> ManagementUnavailableError:
         return ManagementUnavailableError(

@@ -273,6 +273,15 @@ def inspect(connection: Connection, topology: Topology) -> list[EntityState]:
     return states
 
 
+def consumers(connection: Connection, queues: list[str]) -> dict[str, int]:
+    """The consumers of each of `queues` that exists (passive declares only, one channel)."""
+    channel = _Channel(connection)
+    try:
+        return {name: peeked.consumers for name in queues if (peeked := _peek(channel, name)) is not None}
+    finally:
+        channel.close()
+
+
 def claim(connection: Connection, service: str, arguments: dict[str, str]) -> str | None:
     """Claim the service's topology (core/service/ownership.py): None when the claim is ours (made now or before),
     else the broker's refusal, which names the value it holds. On the resync channel: one round trip per resync

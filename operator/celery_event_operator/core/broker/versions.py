@@ -11,7 +11,8 @@ gives the message to another worker once it passes — while the first still run
 - from 4.3 the quorum queue enforces it, honouring the timeout a consumer asks for (also above the broker's), and
   cancels the consumer (basic.cancel, to a client that takes cancel notifications, as py-amqp does) instead of
   closing the channel; classic queues enforce none at all, and refuse the argument (406 on basic.consume, from 4.3.2
-  also on queue.declare — a worker asking for it could not consume). Measured on 4.3.6.
+  also on queue.declare — a worker asking for it could not consume). Measured on 4.3.6; later releases are taken as
+  4.3 for quorum queues and as enforcing the broker's timeout on classic ones until measured.
 Celery restarts its consumer after either (a cancel is a ConsumerCancelled, a connection error to it), and the task is
 run again where the message is delivered.
 """
@@ -24,6 +25,9 @@ import re
 Version = tuple[int, ...]
 
 IN_QUEUE_SINCE: Version = (4, 3, 0)  # quorum queues keep the timeout, per consumer; classic queues have none
+# Measured on 4.3.6: a later release may time classic queues out again (rabbitmq-server#17037); until measured, a
+# later classic queue is taken to enforce the broker's timeout — a warning too many rather than none.
+MEASURED_UNTIL: Version = (4, 3, 999)
 
 
 def parse(text: str | None) -> Version | None:
@@ -38,17 +42,16 @@ class AckTimeoutSupport:
 
     enforced: bool  # some timeout gives a held delivery to another consumer
     per_consumer: bool  # a consumer's x-consumer-timeout is honoured (ask for it only then)
-    cancels_consumer: bool  # the timeout cancels the consumer, rather than closing its channel
 
 
 def ack_timeout_support(version: Version | None, queue_type: str) -> AckTimeoutSupport:
     """What the broker of `version` (None: unknown, taken as the oldest behaviour: no per-consumer timeout, the
     broker's enforced) does on a queue of `queue_type` (classic or quorum)."""
     if version is None or version < IN_QUEUE_SINCE:
-        return AckTimeoutSupport(enforced=True, per_consumer=False, cancels_consumer=False)
-    if queue_type != "quorum":
-        return AckTimeoutSupport(enforced=False, per_consumer=False, cancels_consumer=False)
-    return AckTimeoutSupport(enforced=True, per_consumer=True, cancels_consumer=True)
+        return AckTimeoutSupport(enforced=True, per_consumer=False)
+    if queue_type == "quorum":
+        return AckTimeoutSupport(enforced=True, per_consumer=True)
+    return AckTimeoutSupport(enforced=version > MEASURED_UNTIL, per_consumer=False)
 
 
 def consumer_arguments(server_version: str | None, queue_type: str, timeout_seconds: int | None) -> dict[str, int]:

@@ -49,8 +49,8 @@ def grace(
 ) -> Grace:
     """`observed`: the runtime 99 % of the recent tasks did not exceed (None: none ran); `longest_running`: how long
     the longest task running now has run; `maximum`: workers.maxGracePeriodSeconds. The basis names what decided
-    the grace with the figure the grace covers, not the runtimes themselves: it changes when the grace does (or what
-    decides it), not each time a running task's age or the percentile moves within the same step."""
+    the grace, not the runtimes themselves (the task runtime histogram shows those): it changes when what decides
+    the grace does, not each time a running task's age or the percentile moves within the same step."""
     if max_task_runtime is not None:
         need, basis = float(max_task_runtime), f"workers.maxTaskRuntimeSeconds {max_task_runtime} s"
     elif time_limit is not None:
@@ -61,11 +61,10 @@ def grace(
         seen = observed or 0.0
         running = float(_power_of_two(longest_running)) if longest_running is not None else 0.0
         need = max(seen, running)
-        covered = _stepped(need + MARGIN_SECONDS) - MARGIN_SECONDS
         if _stepped(running + MARGIN_SECONDS) > _stepped(seen + MARGIN_SECONDS):
-            basis = f"a task running now has run longer than the tasks of the last hour: up to {covered} s"
+            basis = "a task running now, longer than the tasks of the last hour"
         else:
-            basis = f"99 % of the tasks of the last hour ran within {covered} s"
+            basis = "what 99 % of the tasks of the last hour ran"
     seconds = max(DEFAULT_SECONDS, _stepped(need + MARGIN_SECONDS))
     if seconds > maximum:
         return Grace(maximum, f"{basis}: capped by workers.maxGracePeriodSeconds {maximum} s")

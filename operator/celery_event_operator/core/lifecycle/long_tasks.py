@@ -52,6 +52,7 @@ class AckTimeout:
     seconds: float | None  # None: the broker enforces none
     source: str  # where it comes from, for messages
     per_consumer: bool  # the workers' own (the broker honours x-consumer-timeout)
+    askable: bool = False  # the broker would honour the workers' own, but they ask none (no spec.workers)
 
 
 def ack_timeout(broker_version: str | None, broker_timeout: int, asked: int | None, queue_type: str) -> AckTimeout:
@@ -63,7 +64,8 @@ def ack_timeout(broker_version: str | None, broker_timeout: int, asked: int | No
         return AckTimeout(None, f"none: {named} enforces no acknowledgement timeout on {queue_type} queues", False)
     if asked is not None and support.per_consumer:
         return AckTimeout(float(asked), f"x-consumer-timeout {asked} s, asked by the workers", per_consumer=True)
-    return AckTimeout(float(broker_timeout), f"consumer_timeout {broker_timeout} s of {named}", per_consumer=False)
+    source = f"consumer_timeout {broker_timeout} s of {named}"
+    return AckTimeout(float(broker_timeout), source, per_consumer=False, askable=support.per_consumer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +128,12 @@ def _advice(cause: Cause, timeout: AckTimeout, grace: int | None) -> str:
             return (
                 " (raise workers.maxTaskRuntimeSeconds, celery.timeLimitSeconds or maxGracePeriodSeconds: the workers "
                 f"ask for {timeout.seconds:.0f} s)"
+            )
+        if timeout.askable:
+            return (
+                f" (the broker's timeout applies: {timeout.source}; give the service spec.workers — with "
+                "maxTaskRuntimeSeconds, or celery.timeLimitSeconds — and its workers ask the broker for one longer "
+                "than their tasks)"
             )
         return (
             f" (the broker's timeout applies: {timeout.source}; raise consumer_timeout in rabbitmq.conf above the "
