@@ -53,6 +53,7 @@ from celery_event_operator.core import naming
 from celery_event_operator.core.api.metadata import HASH_ANNOTATION, SERVICE_LABEL
 from celery_event_operator.core.api.models import parse_spec
 from celery_event_operator.core.injection import settings
+from celery_event_operator.core.injection.pod import VOLUME_NAME
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -131,7 +132,8 @@ def pod(index: int, number: int, queue_type: str) -> dict[str, Any]:
             "labels": {"app": name(index), SERVICE_LABEL: name(index)},
             "annotations": {HASH_ANNOTATION: config_hash},
         },
-        "spec": {"containers": [{"name": "w", "image": "w"}]},
+        # The settings volume the webhook adds: without it the pod runs none, and the operator replaces it.
+        "spec": {"containers": [{"name": "w", "image": "w"}], "volumes": [{"name": VOLUME_NAME, "emptyDir": {}}]},
         "status": {"phase": "Running", "podIP": f"10.{index // 250}.{index % 250}.{number + 1}"},
     }
 

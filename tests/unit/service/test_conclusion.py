@@ -743,3 +743,19 @@ def test_tasks_run_once_says_each_cause_of_reruns_once_and_the_grace_period_goes
     assert (found[0].status.grace_period_seconds, found[0].status.grace_period_basis) == (600, grace.basis)
     warned = run(status_passed(run_once=RunOnce(False, "AckTimeoutTooShort", "tasks will run twice: …")))
     assert events(warned[0]) == [("Warning", "AckTimeoutTooShort")]
+
+
+def test_the_grace_basis_is_written_again_only_with_the_grace() -> None:
+    """Within a step, what decides the grace may alternate (a task running now, then the last hour's runtimes): the
+    status keeps the basis it has until the grace itself changes (issue 43: a status write per service per minute)."""
+    observed = Grace(60, "what 99 % of the tasks of the last hour ran, and 10 s for the worker to exit")
+    running = Grace(60, "a task running now, longer than the tasks of the last hour, and 10 s for the worker to exit")
+    longer = Grace(120, "a task running now, longer than the tasks of the last hour, and 10 s for the worker to exit")
+    found = run(*(status_passed(grace=grace) for grace in (observed, running, observed, longer, observed)))
+    assert [(c.status.grace_period_seconds, c.status.grace_period_basis) for c in found] == [
+        (60, observed.basis),
+        (60, observed.basis),
+        (60, observed.basis),
+        (120, longer.basis),
+        (60, observed.basis),
+    ]

@@ -22,6 +22,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceStatus, Cond
 from celery_event_operator.core.broker.alarms import Alarm, describe
 from celery_event_operator.core.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
 from celery_event_operator.core.injection.outcome import WorkersOutcome
+from celery_event_operator.core.lifecycle.grace import Grace
 from celery_event_operator.core.lifecycle.long_tasks import RunOnce
 from celery_event_operator.core.lifecycle.stuck import healthy_message
 from celery_event_operator.core.monitoring import report
@@ -167,7 +168,7 @@ def conclude(
         state.remove(WORKERS_HEALTHY)  # no workers to keep (any more)
         fields |= {"grace_period_seconds": None, "grace_period_basis": None}
     if seen.grace is not None:
-        fields |= {"grace_period_seconds": seen.grace.seconds, "grace_period_basis": seen.grace.basis}
+        fields |= _grace(previous, seen.grace)
     if seen.run_once is not None:
         announced = _run_once(state, seen.run_once, announced)
     elif seen.spec is not None and not seen.spec.monitoring.enabled:
@@ -389,6 +390,17 @@ def _topology(
         )
     remembered = report.remembered(topology, declared)
     return {DECLARED_ANNOTATION: remembered.to_json()} if remembered != declared else {}
+
+
+def _grace(previous: CeleryEventServiceStatus, grace: Grace) -> dict[str, Any]:
+    """The grace period's fields. The basis says what set the grace: while the grace stays, so does it (what decides
+    may alternate within a step — a task running now, then the runtimes of the last hour — and each would be a
+    status write)."""
+    same = previous.grace_period_seconds == grace.seconds and previous.grace_period_basis is not None
+    return {
+        "grace_period_seconds": grace.seconds,
+        "grace_period_basis": previous.grace_period_basis if same else grace.basis,
+    }
 
 
 def _alarmed(state: _Conditions, alarms: tuple[Alarm, ...]) -> None:
