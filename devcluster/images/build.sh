@@ -5,6 +5,7 @@
 #             by `podman import` (nothing pulled): the PYTHON_IMAGE both Dockerfiles build on
 #   operator  Dockerfile                (buildah bud --isolation chroot --pull=never --build-arg PYTHON_IMAGE=base)
 #   worker    examples/app/Dockerfile   (the sample service's worker, likewise)
+#   pause     the pods' sandbox, Kubernetes' pause.c from the control plane's module (a node needs it)
 # Each image is kept in podman's storage and as an archive (`podman save`) that a node imports into containerd.
 # Prints one line per image, `NAME REFERENCE ARCHIVE`, last; a second run costs hashes.
 # Needs root (mmdebstrap, buildah's chroot isolation); installs mmdebstrap, podman and buildah with apt when missing.
@@ -100,5 +101,24 @@ build() {  # NAME REPOSITORY DOCKERFILE CONTEXT-FILES...
     touch "$archive"  # the newest used is the last pruned
     echo "$name $reference $archive"
 }
+# The pause image, every pod's sandbox: Kubernetes' own pause.c (in the k8s.io/kubernetes module the control plane is
+# built from, build/pause/), compiled static as its Makefile does, in an image of that one file run as 65535.
+kubernetes=$(cd "$repo/devcluster/controlplane" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+pause_tag=$(awk -F' *[?]= *' '$1 == "TAG" {print $2}' "$kubernetes/build/pause/Makefile")
+pause_key=$(cat "$kubernetes/build/pause/linux/pause.c" "$here/build.sh" | sha256sum | cut -c1-12)
+pause_ref=localhost/celery-event-operator/pause:$pause_tag-$pause_key
+pause_archive=$cache_root/pause-$pause_tag-$pause_key.tar
+if ! ready "$pause_ref" "$pause_archive"; then
+    command -v gcc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null; }
+    work=$(mktemp -d)
+    gcc -Os -Wall -Werror -static -DVERSION="v$pause_tag" -o "$work/pause" "$kubernetes/build/pause/linux/pause.c"
+    tar -C "$work" -cf "$work/rootfs.tar" pause
+    podman import --quiet --change 'ENTRYPOINT ["/pause"]' --change 'USER 65535:65535' "$work/rootfs.tar" "$pause_ref" >/dev/null
+    rm -rf "$work"
+    save "$pause_ref" "$pause_archive"
+    prune "pause-$pause_tag" "localhost/celery-event-operator/pause:$pause_tag-"
+fi
+echo "pause $pause_ref $pause_archive"
+
 build operator localhost/celery-event-operator Dockerfile pyproject.toml README.md operator
 build worker localhost/billing-worker examples/app/Dockerfile pyproject.toml README.md operator examples/app/billing_app.py
