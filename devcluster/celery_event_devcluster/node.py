@@ -412,6 +412,11 @@ class Node:
             raise
         return self
 
+    def load(self, image: images.Image) -> None:
+        """Imports one more image into the node's containerd (pods then run it with `imagePullPolicy: Never`)."""
+        self.ctr("images", "import", str(image.archive))
+        self.images[image.name] = image
+
     def ctr(self, *arguments: str) -> str:
         """containerd's own client, in the namespace the kubelet's images are in."""
         command = ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *arguments]
