@@ -34,9 +34,10 @@ class Image:
         return self.reference.rpartition(":")[2]
 
 
-def build() -> dict[str, Image]:
-    """The images by name, built first when the cache has none of this content (cold ~3 min, needs root)."""
-    done = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
+def build(*arguments: str) -> dict[str, Image]:
+    """The images by name, built first when the cache has none of this content (cold ~3 min, needs root);
+    `build("rabbitmq", VERSION)`: the broker of that version."""
+    done = subprocess.run(["bash", str(BUILD_SCRIPT), *arguments], check=True, stdout=subprocess.PIPE, text=True)
     images = {}
     for line in done.stdout.splitlines():
         name, reference, archive = line.split()

@@ -6,6 +6,7 @@
 #   operator  Dockerfile                (buildah bud --isolation chroot --pull=never --build-arg PYTHON_IMAGE=base)
 #   worker    examples/app/Dockerfile   (the sample service's worker, likewise)
 #   pause     the pods' sandbox, Kubernetes' pause.c from the control plane's module (a node needs it)
+#   rabbitmq  (`build.sh rabbitmq VERSION` only) the broker from devcluster/rabbitmq's root filesystem of VERSION
 # Each image is kept in podman's storage and as an archive (`podman save`) that a node imports into containerd.
 # Prints one line per image, `NAME REFERENCE ARCHIVE`, last; a second run costs hashes.
 # Needs root (mmdebstrap, buildah's chroot isolation); installs mmdebstrap, podman and buildah with apt when missing.
@@ -55,6 +56,25 @@ prune() {  # NAME REFERENCE-BEFORE-KEY
         rm -f "$old"
     done
 }
+
+# `build.sh rabbitmq VERSION`: the broker of that version as an image, from the root filesystem the tests run it
+# from (devcluster/rabbitmq/build.sh: Debian's rabbitmq-server), for a node to run it as a pod.
+if [ "${1:-}" = rabbitmq ]; then
+    rootfs=$("$repo/devcluster/rabbitmq/build.sh" "${2:?usage: build.sh rabbitmq VERSION}" | tail -n 1)
+    tag=$(basename "$rootfs")-$(sha256sum "$here/build.sh" | cut -c1-6)
+    reference=localhost/celery-event-operator/rabbitmq:$tag
+    archive=$cache_root/rabbitmq-$tag.tar
+    if ! ready "$reference" "$archive"; then
+        say "making an image of $rootfs"
+        tar -C "$rootfs" --exclude=./proc --exclude=./node -c . |
+            podman import --quiet --change 'CMD ["/usr/lib/rabbitmq/bin/rabbitmq-server"]' - "$reference" >/dev/null
+        save "$reference" "$archive"
+        prune "rabbitmq-${2}-" "localhost/celery-event-operator/rabbitmq:${2}-"
+    fi
+    touch "$archive"
+    echo "rabbitmq $reference $archive"
+    exit 0
+fi
 
 # The base's recipe is its key: a change elsewhere in this script does not rebuild it.
 mmdebstrap_options=(--quiet --variant=apt --include="$packages" --aptopt='Acquire::Check-Valid-Until "false"'
