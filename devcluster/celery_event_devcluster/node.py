@@ -193,6 +193,9 @@ class Network:
             if claim.name.isdigit() and owner.isdigit() and not pathlib.Path(f"/proc/{owner}").exists():
                 cls(Addresses(int(claim.name))).delete()
                 remove_cgroups(f"/{NAMESPACE_PREFIX}{claim.name}")
+                shutil.rmtree(
+                    pathlib.Path(tempfile.gettempdir()) / f"{NAMESPACE_PREFIX}{claim.name}", ignore_errors=True
+                )
 
 
 def cgroup_hierarchies() -> list[pathlib.Path]:
@@ -252,7 +255,7 @@ for setting in "$NODE_DIR"/sysctl/*; do
     mount --bind "$setting" "/proc/sys/$(basename "$setting" | tr . /)"
 done
 "$NODE_BIN/containerd-run" &
-while [ ! -S "$NODE_DIR/containerd/containerd.sock" ]; do sleep 0.1; done
+while [ ! -S "$NODE_SOCKET" ]; do sleep 0.1; done
 touch "$NODE_DIR/runtime-ready"
 while [ ! -e "$NODE_DIR/images-imported" ]; do sleep 0.1; done
 "$NODE_BIN/kubelet-run" &
@@ -271,7 +274,11 @@ class Node:
         self.directory = directory
         self.name = name or self.addresses.namespace
         self.cgroup_root = f"/{self.addresses.namespace}"
-        self.socket = directory / "containerd" / "containerd.sock"
+        # A unix socket's path has at most 107 bytes, and the node's directory may be deep (pytest's tmp_path):
+        # containerd's sockets and the kubelet's root (its pod-resources, device-plugin... sockets) live in a short
+        # directory of the node's own, removed at its stop.
+        self.sockets = pathlib.Path(tempfile.gettempdir()) / self.addresses.namespace
+        self.socket = self.sockets / "containerd.sock"
         self.process: subprocess.Popen[bytes] | None = None
         self.images: dict[str, images.Image] = {}
 
@@ -363,7 +370,7 @@ class Node:
             "containerd-run": f'exec containerd --config "{d}/containerd/config.toml" >"{d}/containerd.log" 2>&1',
             "kubelet-run": (
                 f'exec "{binaries}/kubelet" --config="{d}/kubelet.yaml" --kubeconfig="{d}/kubelet.kubeconfig"'
-                f' --root-dir="{d}/kubelet" --hostname-override={self.name} --node-ip={a.node}'
+                f' --root-dir="{self.sockets}/kubelet" --hostname-override={self.name} --node-ip={a.node}'
                 f' >"{d}/kubelet.log" 2>&1'
             ),
             "kube-proxy-run": (
@@ -386,9 +393,12 @@ class Node:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._write_files(binaries, self.images["pause"].reference)
         create_cgroups(self.cgroup_root)
+        shutil.rmtree(self.sockets, ignore_errors=True)  # a killed run's
+        self.sockets.mkdir(mode=0o700)
         log = (self.directory / "node.log").open("ab")
         environment = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
         environment |= {"NODE_DIR": str(self.directory), "NODE_BIN": str(self.directory / "bin")}
+        environment |= {"NODE_SOCKET": str(self.socket)}
         self.process = subprocess.Popen(
             [
                 *("nsenter", f"--net=/run/netns/{self.addresses.namespace}"),
@@ -458,6 +468,7 @@ class Node:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=60)
         remove_cgroups(self.cgroup_root)
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 CONTAINERD_CONFIG = """\
@@ -564,6 +575,7 @@ class NodeCluster:
             while _running(state.get("node_pid", 0)) and time.monotonic() < deadline:
                 time.sleep(0.1)
             remove_cgroups(f"/{addresses.namespace}")
+            shutil.rmtree(pathlib.Path(tempfile.gettempdir()) / addresses.namespace, ignore_errors=True)
             ControlPlane.of(directory / "controlplane").stop()
             Network(addresses).delete()
 
