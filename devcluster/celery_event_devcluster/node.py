@@ -126,8 +126,8 @@ def _locked() -> Iterator[None]:
 
 class Network:
     """The node's network namespace, joined to this one by a veth pair, with routes to its pods and Services. Its
-    owner's PID is written in the namespace's directory of claims, so a run killed before its end is cleaned up by
-    the next one."""
+    owner's PID (and its control plane's processes) are written in a claim file, so that what a run killed before
+    its end left (namespace, cgroups, the control plane, which runs outside the namespace) is removed by the next."""
 
     CLAIMS = pathlib.Path(tempfile.gettempdir()) / "ceo-node-networks"
 
@@ -146,7 +146,7 @@ class Network:
                 i for i in range(256) if f"{NAMESPACE_PREFIX}{i}" not in existing and not (cls.CLAIMS / str(i)).exists()
             )
             network = cls(Addresses(index))
-            (cls.CLAIMS / str(index)).write_text(str(os.getpid()))
+            network.claim(os.getpid())
             try:
                 network._create()
             except BaseException:
@@ -175,6 +175,12 @@ class Network:
         for destination in (a.pods, a.services):
             _ip("route", "add", destination, "via", a.node, "dev", self.outside)
 
+    def claim(self, owner: int, plane: ControlPlane | None = None) -> None:
+        """Who owns the namespace (a process whose end means the namespace is abandoned), and its control plane's
+        processes and etcd data outside it (ended and removed with it then)."""
+        record = {"owner": owner, "processes": plane.pids if plane else {}, "files": [plane.etcd_data] if plane else []}
+        (self.CLAIMS / str(self.addresses.index)).write_text(json.dumps(record))
+
     def delete(self) -> None:
         """Ends whatever still runs in the namespace and deletes it (the veth pair and its routes go with it)."""
         name = self.addresses.namespace
@@ -189,8 +195,19 @@ class Network:
     @classmethod
     def _remove_abandoned(cls) -> None:
         for claim in cls.CLAIMS.iterdir():
-            owner = claim.read_text().strip()
-            if claim.name.isdigit() and owner.isdigit() and not pathlib.Path(f"/proc/{owner}").exists():
+            try:
+                record = json.loads(claim.read_text())
+            except ValueError:
+                continue
+            if isinstance(record, int):  # a claim of an earlier version: its owner only
+                record = {"owner": record, "processes": {}, "files": []}
+            if claim.name.isdigit() and not _running(record["owner"]):
+                for binary, pid in record["processes"].items():
+                    with contextlib.suppress(OSError):  # the same process still: its PID was not reused
+                        if binary in pathlib.Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                            os.kill(pid, signal.SIGKILL)
+                for path in record["files"]:
+                    shutil.rmtree(path, ignore_errors=True)
                 cls(Addresses(int(claim.name))).delete()
                 remove_cgroups(f"/{NAMESPACE_PREFIX}{claim.name}")
                 shutil.rmtree(
@@ -534,6 +551,7 @@ class NodeCluster:
                 service_cidr=a.services,
                 controllers=KUBEADM_CONTROLLERS,
             ).start()
+            self.network.claim(os.getpid(), self.plane)
             self.node = Node(self.plane, self.network, self.directory / "node").start(image_names)
             (self.directory / NODE_STATE).write_text(
                 json.dumps({"pid": os.getpid(), "index": a.index, "kubeconfig": str(self.plane.kubeconfig)})
@@ -559,7 +577,8 @@ class NodeCluster:
         assert self.network is not None
         assert self.node is not None
         assert self.node.process is not None
-        (Network.CLAIMS / str(self.network.addresses.index)).write_text(str(self.node.process.pid))
+        assert self.plane is not None
+        self.network.claim(self.node.process.pid, self.plane)
         state = json.loads((self.directory / NODE_STATE).read_text())
         (self.directory / NODE_STATE).write_text(json.dumps({**state, "node_pid": self.node.process.pid}))
 

@@ -35,41 +35,45 @@ def test_a_stopped_node_leaves_no_process_mount_namespace_route_rule_or_cgroup(t
     assert cluster.network is not None
     assert cluster.plane is not None
     node, network, addresses = cluster.node, cluster.network, cluster.network.addresses
-    kubectl = ["kubectl", "--kubeconfig", str(cluster.plane.kubeconfig)]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "sleeper", "namespace": "default"},
-        "spec": {
-            "containers": [
-                {
-                    "name": "sleeper",
-                    "image": node.images["worker"].reference,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "600"],
-                }
-            ]
-        },
-    }
-    subprocess.run([*kubectl, "create", "-f", "-"], input=json.dumps(pod), text=True, check=True, capture_output=True)
+    try:
+        kubectl = ["kubectl", "--kubeconfig", str(cluster.plane.kubeconfig)]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "sleeper", "namespace": "default"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "sleeper",
+                        "image": node.images["worker"].reference,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "600"],
+                    }
+                ]
+            },
+        }
+        subprocess.run(
+            [*kubectl, "create", "-f", "-"], input=json.dumps(pod), text=True, check=True, capture_output=True
+        )
 
-    def running() -> bool:
-        found = json.loads(run(*kubectl, "get", "pod", "sleeper", "-o", "json"))
-        return bool(found["status"].get("phase") == "Running")
+        def running() -> bool:
+            found = json.loads(run(*kubectl, "get", "pod", "sleeper", "-o", "json"))
+            return bool(found["status"].get("phase") == "Running")
 
-    eventually(running, timeout=120, interval=1)
-    # While it runs: its pieces, mounts and rules exist, but inside the node's namespaces only.
-    assert processes_mentioning(str(tmp_path))
-    assert str(tmp_path) not in pathlib.Path("/proc/self/mounts").read_text()
-    rules_inside = run("ip", "netns", "exec", addresses.namespace, "iptables-save")
-    assert "KUBE-SERVICES" in rules_inside
-    rules_outside = run("iptables-save")
-    assert "KUBE-" not in rules_outside
-    assert "CNI-" not in rules_outside
-    cgroup = CGROUPS / "memory" / node.cgroup_root.lstrip("/")
-    assert cgroup.is_dir()
+        eventually(running, timeout=120, interval=1)
+        # While it runs: its pieces, mounts and rules exist, but inside the node's namespaces only.
+        assert processes_mentioning(str(tmp_path))
+        assert str(tmp_path) not in pathlib.Path("/proc/self/mounts").read_text()
+        rules_inside = run("ip", "netns", "exec", addresses.namespace, "iptables-save")
+        assert "KUBE-SERVICES" in rules_inside
+        rules_outside = run("iptables-save")
+        assert "KUBE-" not in rules_outside
+        assert "CNI-" not in rules_outside
+        cgroup = CGROUPS / "memory" / node.cgroup_root.lstrip("/")
+        assert cgroup.is_dir()
 
-    cluster.stop()
+    finally:
+        cluster.stop()
 
     assert addresses.namespace not in run("ip", "netns", "list")
     assert network.outside not in run("ip", "link")
