@@ -18,6 +18,7 @@ from tests.support import waiting
 from tests.support.node_cluster import CHART, NodeClusterHandle, node_cluster
 
 from celery_event_devcluster import images, rabbitmq
+from celery_event_operator.core.api.metadata import HASH_ANNOTATION
 
 __all__ = ["node_cluster"]
 
@@ -113,11 +114,27 @@ def worker_manifest(kubectl: Kubectl) -> str:
     return yaml.safe_dump(deployment)
 
 
+def live_workers(kubectl: Kubectl) -> list[dict[str, Any]]:
+    """The worker pods not being deleted."""
+    items: list[dict[str, Any]] = kubectl.json("get", "pods", "-l", "app=billing-worker")["items"]
+    return [pod for pod in items if not pod["metadata"].get("deletionTimestamp")]
+
+
 def deploy_billing(kubectl: Kubectl, deployment: str) -> Iterator[None]:
-    """The sample service and its worker Deployment, until the rollout is done; both removed afterwards."""
+    """The sample service and its worker Deployment, settled: the operator stamps its settings' hash on the pod
+    template (rolloutOnChange), which rolls the first pods once more; done when that rollout is and the first
+    pods are gone. Both removed afterwards."""
     kubectl("apply", "-f", str(EXAMPLES / "billing.yaml"))
     kubectl("apply", "-f", "-", stdin=deployment)
+
+    def stamped() -> bool:
+        template = kubectl.json("get", "deployment", "billing-worker")["spec"]["template"]["metadata"]
+        return HASH_ANNOTATION in (template.get("annotations") or {})
+
+    eventually(stamped)
     kubectl("rollout", "status", "deployment/billing-worker", "--timeout=180s")
+    replicas = yaml.safe_load(deployment)["spec"]["replicas"]
+    eventually(lambda: len(kubectl.json("get", "pods", "-l", "app=billing-worker")["items"]) == replicas)
     yield
     kubectl("delete", "deployment", "billing-worker", "--ignore-not-found")
     kubectl("delete", "-f", str(EXAMPLES / "billing.yaml"), "--ignore-not-found", "--timeout=60s")
