@@ -16,9 +16,10 @@ case "${1:-controlplane}" in
     *) echo "usage: build.sh [controlplane|node]" >&2; exit 2 ;;
 esac
 missing() { for b in "${binaries[@]}"; do [ -x "$out/$b" ] || echo "$b"; done; }
-# One build at a time per cache (two checkouts' ./dev setup, or a test run beside a set-up, share it).
+# One build of a version at a time (two checkouts' ./dev setup, or a test run beside a set-up, share the cache);
+# other versions build meanwhile.
 mkdir -p "$cache_root"
-exec 9>"$cache_root/.lock"
+exec 9>"$out.lock"
 flock 9
 if [ -n "$(missing)" ]; then
     command -v go >/dev/null || { echo "error: go is needed to build Kubernetes" >&2; exit 1; }
