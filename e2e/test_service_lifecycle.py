@@ -18,7 +18,7 @@ def test_sample_becomes_ready_and_is_deleted(kubectl: Kubectl) -> None:
     kubectl("apply", "-f", str(EXAMPLES / "billing.yaml"))
     try:
         condition = eventually(lambda: ready(kubectl, "billing").get("status") == "True" and ready(kubectl, "billing"))
-        assert condition["reason"] == "SpecAccepted"
+        assert condition["reason"] == "Reconciled"
         assert "billing" in kubectl("get", "ces")
     finally:
         kubectl("delete", "-f", str(EXAMPLES / "billing.yaml"), "--timeout=60s")

@@ -27,7 +27,7 @@ def worker_costs(kubectl: Kubectl) -> dict[str, int]:
 @pytest.fixture
 def slow_workers(kubectl: Kubectl) -> Iterator[None]:
     """Two workers of one process each, whose invoices take two minutes."""
-    deployment = yaml.safe_load(worker_manifest())
+    deployment = yaml.safe_load(worker_manifest(kubectl))
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["command"] += ["--concurrency=1"]
     container["env"] = [{"name": "BILLING_INVOICE_SECONDS", "value": "120"}]

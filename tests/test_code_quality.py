@@ -43,7 +43,7 @@ def test_import_layers() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_kind_suite_collects() -> None:
-    """e2e/ runs only where a Docker engine is (kind): its modules are at least imported with every run."""
+def test_the_e2e_suite_collects() -> None:
+    """e2e/ runs after the rest of ./dev test (on a node of its own): its modules are imported with every run too."""
     result = run("pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "e2e")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -58,6 +58,10 @@ CONTROLLERS = ",".join(
         "clusterrole-aggregation",
     )
 )
+# What a kubeadm cluster runs (its default): every controller on by default, the bootstrap tokens' two added. A cluster
+# with a real node (node.py) needs them all: node lifecycle (lifts the not-ready taint), EndpointSlices (kube-proxy's
+# Services), pod GC, TTL... The process kubelet's node sends no heartbeats, so its clusters keep to CONTROLLERS.
+KUBEADM_CONTROLLERS = "*,bootstrap-signer-controller,token-cleaner-controller"
 SERVICE_CIDR = "10.96.0.0/24"
 # Every request's user, verb, resource and answer code (not the bodies: secrets stay out), one JSON line each in
 # audit.log: what the tests read to prove an identity was never refused.
@@ -214,9 +218,23 @@ class ControlPlane:
     """One control plane whose files (certificates, kubeconfigs, logs) live in `directory`; etcd's data in a
     directory of its own on tmpfs where there is one (a database that is thrown away needs no disk)."""
 
-    def __init__(self, directory: pathlib.Path, binaries: pathlib.Path | None = None) -> None:
+    def __init__(
+        self,
+        directory: pathlib.Path,
+        binaries: pathlib.Path | None = None,
+        *,
+        address: str = "127.0.0.1",
+        service_cidr: str = SERVICE_CIDR,
+        controllers: str = CONTROLLERS,
+    ) -> None:
+        """`address`: where the API server listens and what it advertises (a node's pods reach it there, through
+        the `kubernetes` Service; on loopback the Service has no endpoints)."""
         self.directory = directory
         self.binaries = binaries
+        self.address = address
+        self.service_cidr = service_cidr
+        self.controllers = controllers
+        self.pki: _Pki | None = None  # the CA, kept to issue a node's credentials (node.py)
         self.kubeconfig = directory / "kubeconfig"
         self.audit_log = directory / "audit.log"
         self.url = ""
@@ -238,9 +256,10 @@ class ControlPlane:
         self.directory.mkdir(parents=True, exist_ok=True)
         for log in self.directory.glob("*.log"):  # a failed attempt's: what the next one says is its own
             log.unlink()
-        pki = _Pki(self.directory / "pki")
+        pki = self.pki = _Pki(self.directory / "pki")
         api_port, etcd_port, peer_port = free_port(), free_port(), free_port()
-        self.url = f"https://127.0.0.1:{api_port}"
+        self.url = f"https://{self.address}:{api_port}"
+        service_ip = str(next(ipaddress.IPv4Network(self.service_cidr).hosts()))  # the `kubernetes` Service's
         shm = pathlib.Path("/dev/shm")
         self.etcd_data = tempfile.mkdtemp(prefix="ceo-etcd-", dir=shm if shm.is_dir() else None)
         self._save()
@@ -262,23 +281,26 @@ class ControlPlane:
                 "apiserver",
                 "kube-apiserver",
                 hosts=[
-                    "127.0.0.1",
+                    *dict.fromkeys(("127.0.0.1", self.address)),
                     "localhost",
                     "kubernetes",
                     "kubernetes.default",
                     "kubernetes.default.svc",
-                    "10.96.0.1",
+                    service_ip,
                 ],
             )
             signing_key, verifying_key = pki.service_account_keys()
+            # How the API server authenticates to kubelets (logs, exec), as kubeadm's apiserver-kubelet-client.
+            kubelet_client = pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
+            loopback = self.address == "127.0.0.1"
             audit_policy = self.directory / "audit-policy.yaml"
             audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
             self._spawn(
                 "kube-apiserver",
                 binaries / "kube-apiserver",
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={api_port}",
                 f"--tls-cert-file={serving[0]}",
                 f"--tls-private-key-file={serving[1]}",
@@ -288,9 +310,13 @@ class ControlPlane:
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={verifying_key}",
                 f"--service-account-signing-key-file={signing_key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                # The `kubernetes` Service's endpoints would name a loopback address, which the API refuses.
-                "--endpoint-reconciler-type=none",
+                f"--service-cluster-ip-range={self.service_cidr}",
+                # On loopback, the `kubernetes` Service's endpoints would name a loopback address, which the API
+                # refuses; elsewhere they name the address (pods reach the API server through the Service).
+                f"--endpoint-reconciler-type={'none' if loopback else 'lease'}",
+                f"--kubelet-client-certificate={kubelet_client[0]}",
+                f"--kubelet-client-key={kubelet_client[1]}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--audit-policy-file={audit_policy}",
@@ -313,11 +339,11 @@ class ControlPlane:
                 options = [f"--kubeconfig={config}", "--leader-elect=false", "--secure-port=0"]
                 if component == "kube-controller-manager":
                     options += [
-                        f"--controllers={CONTROLLERS}",
+                        f"--controllers={self.controllers}",
                         "--use-service-account-credentials=true",  # each controller as its own identity (RBAC)
                         f"--service-account-private-key-file={signing_key}",
                         f"--root-ca-file={pki.ca_path}",
-                        f"--service-cluster-ip-range={SERVICE_CIDR}",
+                        f"--service-cluster-ip-range={self.service_cidr}",
                     ]
                 self._spawn(component, binaries / component, *options)
         except BaseException:
