@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import struct
+from unittest import mock
 
 import pytest
+from amqp import serialization
 from hypothesis import given
 from hypothesis import strategies as st
 
+from celery_event_operator.adapters.broker import amqp_tables
 from celery_event_operator.core.monitoring import frames
-from tests.unit.monitoring.test_frames import Recorder, delivery, frame
+from tests.fuzz.strategies import FIELD_TABLES
+from tests.unit.monitoring.test_frames import Recorder, connection_start, delivery, frame
 
 SPLITS = st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=40)
 FRAME_MAX = st.sampled_from([frames.FRAME_MIN, 8192, frames.FRAME_MAX])
@@ -90,6 +94,18 @@ def test_deliveries_come_out_whole_and_in_order_and_a_corrupted_stream_is_refuse
 def test_method_arguments_decode_or_are_refused_as_framing(method: frames.MethodId, payload: bytes) -> None:
     with contextlib.suppress(frames.FramingError):
         frames.method_arguments(method, struct.pack(">HH", *method) + payload)
+
+
+@given(server_properties=FIELD_TABLES)
+def test_any_server_properties_decode_or_are_refused_as_framing(server_properties: bytes) -> None:
+    """With py-amqp's own table decoding (the core does not rely on the runtime's and operator's adapter): a timestamp
+    beyond year 9999 or a table nested past the recursion limit is a FramingError, not OSError or RecursionError."""
+    payload = struct.pack(">HH", *frames.CONNECTION_START) + connection_start(server_properties[4:])
+    with (
+        mock.patch.object(serialization, "_read_item", amqp_tables.PY_AMQP_READ_ITEM),
+        contextlib.suppress(frames.FramingError),
+    ):
+        frames.method_arguments(frames.CONNECTION_START, payload)
 
 
 @given(ours=st.integers(min_value=1, max_value=2**32 - 1), theirs=st.integers(min_value=0, max_value=2**32 - 1))

@@ -16,12 +16,18 @@ from celery.exceptions import Ignore, NotRegistered, Reject, Retry
 from celery.worker.consumer import Consumer
 from kombu.entity import Exchange, Queue
 
+from celery_event_operator.adapters.broker import amqp_tables
 from celery_event_operator.core import naming
 from celery_event_operator.core.broker import versions
 from celery_event_operator.core.broker.address import with_vhost
 from celery_event_operator.core.worker_settings import ROBUST_CELERY_SETTINGS
 
 logger = logging.getLogger(__name__)
+
+# A header py-amqp cannot decode (a timestamp after year 9999, a table nested too deep) raised out of the worker's
+# drain_events: the worker reconnected five times a second and the message came back first, for ever (classic), or
+# to the archive after the delivery limit (quorum). Decoded now as any other value: see amqp_tables.
+amqp_tables.install()
 
 SETTINGS_ENV = "CELERY_EVENTS_SETTINGS"
 DEFAULT_SETTINGS_PATH = "/etc/celery-events/settings.json"

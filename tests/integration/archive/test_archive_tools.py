@@ -14,15 +14,18 @@ from typing import Any
 
 import amqp
 import pytest
+from amqp import serialization
 from kombu.connection import Connection
 
 from celery_event_operator.adapters.archive import operations
+from celery_event_operator.adapters.broker import amqp_tables
 from celery_event_operator.adapters.topology import apply
 from celery_event_operator.core import naming
 from celery_event_operator.core.api.models import parse_spec
 from celery_event_operator.core.archive.messages import Selection
 from celery_event_operator.core.topology import plan
 from tests.conftest import create_broker_secret
+from tests.support import raw_headers
 from tests.support.kube import EmulatedApi, eventually
 
 pytestmark = pytest.mark.every_broker  # its behaviour depends on the broker's version
@@ -318,4 +321,46 @@ def test_messages_a_producer_planted_are_listed_replayed_and_purged_like_any_oth
     replayed = drain(test_vhost_url, "billing.orders.order.created")
     # the producer's bytes under its encoding (decoded here as py-amqp decodes it for the walk)
     assert (replayed[-2].body, replayed[-2].properties["content_encoding"]) == ("\ud800", "unicode_escape")
+    assert depth(test_vhost_url, "billing:archived") == 0
+
+
+def plant_undecodable_headers(url: str, task_id: str, order_id: int) -> None:
+    """A task message (of CREATED) whose headers py-amqp's own decoder raises on, as any AMQP client can archive it."""
+    body, headers = raw_headers.task_message(CREATED, task_id, [order_id])
+    deep = raw_headers.nested_item("deep", 3000)
+    raw_headers.publish(url, naming.archive_name("billing"), CREATED, body, headers, raw_headers.OUT_OF_RANGE, deep)
+
+
+def test_headers_py_amqp_raised_on_are_listed_replayed_and_purged_with_their_bytes(
+    test_vhost_url: str, queue_type: str
+) -> None:
+    """A timestamp after year 9999 (or a table nested 3,000 deep) in an archived message's headers raised out of
+    py-amqp's decoder in the walk's drain_events (the walk CeleryEventReplay uses too): `archive list` and `replay`
+    failed with 'cannot reach the broker' (UnexpectedFrame, the OSError's aftermath), and each replay published again
+    a copy of what came before it, which stayed archived. A quorum handler queue archived such a message by itself
+    (its delivery limit, the worker failing on it). Now it is described, replayed with the header's bytes as they were,
+    and purged (amqp_tables)."""
+    with Connection(test_vhost_url) as connection:
+        apply.apply(connection, plan.plan("billing", parse_spec({**SPEC, "queueType": queue_type})))
+        good = archive_task(connection.channel(), 1, CREATED)
+    plant_undecodable_headers(test_vhost_url, "hostile", 5)
+    with Connection(test_vhost_url) as connection:
+        last = archive_task(connection.channel(), 2, CREATED)
+    rows = listed(test_vhost_url)
+    assert [row["task_id"] for row in rows] == [good, "hostile", last]
+    assert (rows[1]["kind"], rows[1]["summary"]) == ("celery", f"{CREATED}(5)")
+
+    done = cli("replay", "billing", "--broker-url", test_vhost_url, "--event", CREATED).stdout
+    assert "replayed 3 of 3" in done
+    replayed = drain(test_vhost_url, "billing.orders.order.created")
+    assert [message.headers["id"] for message in replayed] == [good, "hostile", last], "each once, in order"
+    kept = {key: replayed[1].headers[key] for key in [*raw_headers.OUT_OF_RANGE, "deep"]}
+    deep = raw_headers.nested_item("deep", 3000)
+    assert serialization.dumps("F", [kept]) == raw_headers.headers_table({}, raw_headers.OUT_OF_RANGE, deep)
+    assert all(isinstance(kept[key], amqp_tables.OutOfRangeTimestamp) for key in raw_headers.OUT_OF_RANGE)
+    assert depth(test_vhost_url, "billing:archived") == 0
+
+    plant_undecodable_headers(test_vhost_url, "hostile-again", 6)
+    purged = cli("purge", "billing", "--broker-url", test_vhost_url, "--event", CREATED, "--yes").stdout
+    assert "purged 1 of 1" in purged
     assert depth(test_vhost_url, "billing:archived") == 0

@@ -20,11 +20,12 @@ import pytest
 from kombu.connection import Connection
 
 from celery_event_devcluster import jsonpatch
+from celery_event_operator.adapters.broker import amqp_tables
 from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.topology import plan
 from celery_event_operator.runtime.app import EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
 from tests.conftest import billing_sample, create_broker_secret
-from tests.support import rabbitmq
+from tests.support import rabbitmq, raw_headers
 from tests.support.kube import EmulatedApi, condition, eventually
 from tests.support.operator_process import OperatorProcess, admission_review, worker_pod
 from tests.support.waiting import stays
@@ -362,3 +363,42 @@ def test_a_task_longer_than_the_grace_period_is_handed_back_not_lost(
         message="the task handed back never ran to its end",
     )
     assert archived(test_vhost_url) == []
+
+
+def innermost(value: Any) -> Any:
+    while isinstance(value, dict) and len(value) == 1:
+        [value] = value.values()
+    return value
+
+
+def test_a_header_py_amqp_raised_on_neither_stops_the_worker_nor_loops(
+    worker_factory: Any, injected_env: dict[str, str], test_vhost_url: str
+) -> None:
+    """A timestamp after year 9999 (or a table nested 3,000 deep) in a message's headers raised out of py-amqp's
+    decoder in the worker's drain_events (OSError for 2**63 - 1): Celery took it for a lost connection and reconnected
+    about five times a second, the message delivered again first each time — on a classic queue for ever, nothing
+    behind it ran (one prefork worker exited after 17 s, RESOURCE_LOCKED on its own pidbox queue), on a quorum queue
+    until its delivery limit dead-lettered it into the archive. Any producer on the vhost could send it, to every
+    service handling the event. It now runs like any other message, its headers kept as sent (amqp_tables)."""
+    worker = worker_factory("--pool=prefork", "--concurrency=1")
+    stamped = {"stamped": 2**63 - 1}
+    deep = raw_headers.nested_item("deep", 3000)
+    for order_id, behaviour in ((31, "ok"), (32, "always")):
+        body, headers = raw_headers.task_message("orders.order.created", f"t-{order_id}", [order_id, behaviour])
+        raw_headers.publish(test_vhost_url, "events", "orders.order.created", body, headers, stamped, deep)
+    fire(worker, (33, "ok"))
+    eventually(
+        lambda: (
+            depth(test_vhost_url, "billing:archived") == 1 and any(h["order_id"] == 33 for h in handled(injected_env))
+        ),
+        timeout=40,
+        message="the messages never ran (the worker reconnects on the first?)",
+    )
+    assert Counter(h["order_id"] for h in handled(injected_env)) == {31: 1, 32: MAX_RETRIES + 1, 33: 1}
+    assert "Connection to broker lost" not in worker.log()
+    [message] = archived(test_vhost_url)
+    assert (message.headers["id"], message.headers[EXCEPTION_TYPE_HEADER]) == ("t-32", "KeyError")
+    assert message.headers["stamped"] == 2**63 - 1
+    assert isinstance(message.headers["stamped"], amqp_tables.OutOfRangeTimestamp), "still a timestamp"
+    assert isinstance(innermost(message.headers["deep"]), amqp_tables.NestedTooDeep)
+    assert depth(test_vhost_url, EVENT_QUEUE) == 0

@@ -8,7 +8,9 @@ import struct
 import pytest
 from amqp import serialization
 
+from celery_event_operator.adapters.broker import amqp_tables
 from celery_event_operator.core.monitoring import frames
+from tests.support.raw_headers import OUT_OF_RANGE, nested_item, timestamp_item
 
 
 def frame(kind: int, payload: bytes, channel: int = 1) -> bytes:
@@ -136,6 +138,36 @@ def test_a_stream_that_is_not_amqp_framing_is_refused(stream: bytes, complaint: 
 def test_method_arguments_that_do_not_decode_are_a_framing_error(method: frames.MethodId, arguments: bytes) -> None:
     with pytest.raises(frames.FramingError, match="do not decode"):
         frames.method_arguments(method, struct.pack(">HH", *method) + arguments)
+
+
+def connection_start(server_property: bytes) -> bytes:
+    """connection.start's payload (after its method id) with one server property, as raw table entry bytes."""
+    table = struct.pack(">I", len(server_property)) + server_property
+    return b"\x00\x09" + table + struct.pack(">I", 5) + b"PLAIN" + struct.pack(">I", 5) + b"en_US"
+
+
+@pytest.fixture
+def py_amqp_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """py-amqp's own table decoding, as the core gets it (other tests' imports may have installed the runtime's and
+    the operator's adapter, adapters/broker/amqp_tables.py, in this process)."""
+    monkeypatch.setattr(serialization, "_read_item", amqp_tables.PY_AMQP_READ_ITEM)
+
+
+@pytest.mark.usefixtures("py_amqp_decoding")
+@pytest.mark.parametrize(
+    "server_property",
+    [
+        *(pytest.param(timestamp_item("t", seconds), id=name) for name, seconds in OUT_OF_RANGE.items()),
+        pytest.param(nested_item("deep", 3000), id="nested-3000-deep"),
+    ],
+)
+def test_a_table_py_amqp_raises_on_is_a_framing_error(server_property: bytes) -> None:
+    """A timestamp beyond year 9999 raised OSError or OverflowError, a table nested 3,000 deep RecursionError, out of
+    the events reader (only FramingError is its refusal; ValueError alone was caught)."""
+    with pytest.raises(frames.FramingError, match="do not decode"):
+        frames.method_arguments(
+            frames.CONNECTION_START, struct.pack(">HH", *frames.CONNECTION_START) + connection_start(server_property)
+        )
 
 
 def test_an_empty_body_frame_after_a_complete_delivery_is_refused_not_handed_on_as_a_body() -> None:

@@ -31,9 +31,14 @@ from typing import Any
 import amqp
 from kombu.connection import Connection
 
+from celery_event_operator.adapters.broker import amqp_tables
 from celery_event_operator.core import naming
 from celery_event_operator.core.archive.messages import Archived, Selection, describe, replay_headers
 from celery_event_operator.core.errors import ArchiveNotFoundError, BrokerUnavailableError, UnsupportedOperationError
+
+# A header py-amqp cannot decode (a timestamp after year 9999, a table nested too deep) raised out of the walk's
+# drain_events: every list, replay and purge stopped at it. Decoded now as any other value: see amqp_tables.
+amqp_tables.install()
 
 Progress = Callable[[int, int | None], None]  # done, of how many (None: not counted yet)
 SEGMENT_SECONDS = 600.0

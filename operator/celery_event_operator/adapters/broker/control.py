@@ -25,6 +25,7 @@ import amqp
 import kombu.exceptions
 from kombu.connection import Connection
 
+from celery_event_operator.adapters.broker import amqp_tables
 from celery_event_operator.adapters.broker.tls import TlsFiles, kombu_options
 from celery_event_operator.core.broker.address import BrokerAddress, Endpoint
 from celery_event_operator.core.broker.backoff import Backoff
@@ -46,6 +47,8 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 logger = logging.getLogger(__name__)
+
+amqp_tables.install()  # the broker's server properties (connection.start) are a table too
 
 
 class ControlConnection:

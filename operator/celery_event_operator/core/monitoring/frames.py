@@ -86,7 +86,9 @@ def method_arguments(method: MethodId, payload: bytes) -> list[Any]:
     """The arguments of a received method whose signature we know (after the 4-byte method id)."""
     try:
         values, _ = serialization.loads(RECEIVED_SIGNATURES[method], payload, 4)
-    except (struct.error, IndexError, ValueError, TypeError, AMQPError) as exc:  # TypeError: a bit past the end
+    # TypeError: a bit past the end. A table's timestamp beyond year 9999 raises ValueError, OverflowError or OSError
+    # (datetime), one nested some 900 levels deep RecursionError (py-amqp decodes tables by recursion).
+    except (struct.error, IndexError, ValueError, TypeError, OverflowError, OSError, RecursionError, AMQPError) as exc:
         raise FramingError(f"method {method} with arguments that do not decode") from exc
     return list(values)
 
