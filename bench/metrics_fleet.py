@@ -1,7 +1,10 @@
 """Benchmark: /metrics at fleet scale, through the real operator on the emulated API with real RabbitMQ.
 
     .venv/bin/python bench/metrics_fleet.py [--services 1000] [--pods 10] [--task-names 25]
-                                            [--generated-names 50000] [--scrapes 3]
+                                            [--generated-names 50000] [--scrapes 3] [--reference COMMIT]
+
+With --reference, the same run is made first with the operator of COMMIT (a worktree of it, imported first), then with
+this checkout's, and the figures are printed side by side at the end.
 
 N services, each with P labelled pods in the emulated API and the events of a Celery worker fleet: per task,
 task-sent from a producer, task-received and task-started on one of the pods, then task-succeeded (or
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 import multiprocessing
 import pathlib
@@ -401,9 +405,53 @@ def main() -> int:
     parser.add_argument("--quiet-seconds", type=float, default=10, help="the stalls measured without a scrape")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--operator-args", default="", help="extra arguments of `celery-event-operator run`")
+    parser.add_argument("--reference", help="a commit whose operator runs first, for its figures beside these")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped from outside: still remove the vhost
+    if args.reference is None:
+        return run(args, None)
+    with bench.reference_checkout(args.reference) as source:
+        print(f"== the operator of {args.reference}")
+        with _Figures() as before:
+            failed = run(args, source)
+    print("== the operator of this checkout")
+    with _Figures() as after:
+        failed = run(args, None) or failed
+    bench.side_by_side(args.reference, before.values, after.values)
+    return failed
 
+
+class _Figures(io.TextIOBase):
+    """The figures printed meanwhile ("label: value" lines, named after their section), still printed."""
+
+    LINE = re.compile(r"^(?!-- )([^:]{3,60}):\s+(.*)$")
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self._section = ""
+        self._stdout = sys.stdout
+
+    def __enter__(self) -> _Figures:
+        sys.stdout = self
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        sys.stdout = self._stdout
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.startswith("-- "):
+                self._section = line[3:].split(":")[0] + " · "
+            elif match := self.LINE.match(line):
+                self.values[self._section + match.group(1).strip()] = match.group(2).strip()
+        return self._stdout.write(text)
+
+    def flush(self) -> None:
+        self._stdout.flush()
+
+
+def run(args: argparse.Namespace, source: pathlib.Path | None) -> int:
+    """One run with the operator of `source` (None: this checkout's); 1 when its set-up did not finish."""
     with bench.broker_vhost() as (management, vhost, url):
         workdir = pathlib.Path(tempfile.mkdtemp(prefix="ceo-bench-"))
         names = [service_name(index) for index in range(args.services)]
@@ -414,7 +462,12 @@ def main() -> int:
         )
         with bench.emulated_cluster(workdir, url) as api:
             operator = OperatorProcess(
-                api.kubeconfig, workdir / "operator.log", *args.operator_args.split(), resync_seconds=30, verbose=False
+                api.kubeconfig,
+                workdir / "operator.log",
+                *args.operator_args.split(),
+                resync_seconds=30,
+                verbose=False,
+                source=source,
             ).start()
             started = time.monotonic()
             assert operator.process is not None

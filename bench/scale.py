@@ -335,9 +335,10 @@ def record_writes(
     """Writes per minute between two counts of the emulated API's, in all and per resource written."""
     kinds = {kind: (after.get(kind, 0) - before.get(kind, 0)) / minutes for kind in after}
     record(f"{figure}, per minute", f"{sum(kinds.values()):.1f}")
+    when = figure.removeprefix("API writes").strip(" ,")  # each row its own key in the side-by-side table
     for (resource, subresource), rate in sorted(kinds.items(), key=lambda item: -item[1]):
         if rate:
-            record(f"  {resource}{'/' + subresource if subresource else ''}", f"{rate:.1f}")
+            record(f"  {resource}{'/' + subresource if subresource else ''} ({when})", f"{rate:.1f}")
 
 
 def report_changing_load(api: EmulatedApi, url: str, args: argparse.Namespace, record: Figures) -> None:
