@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 
+from celery_event_operator.core.lifecycle import costs
 from celery_event_operator.core.lifecycle.stuck import RECONNECT_SECONDS
 from tests.conftest import create_broker_secret
 from tests.integration.lifecycle.fleet import (
@@ -44,9 +45,15 @@ def test_a_pod_running_a_long_task_costs_more_to_delete_than_an_idle_one(
     )
     assert fleet.deletion_cost("billing-worker-idle") is None, "an idle pod is not written to (it costs 0)"
     eventually(lambda: [h.get("phase") for h in fleet.handled()] == ["started", "done"], timeout=30)
+    # Idle now, the pod keeps its cost a while (the next task of a steady stream would raise it again), then 0.
+    stays(
+        lambda: fleet.deletion_cost("billing-worker-busy") == "1",
+        seconds=costs.LOWER_AFTER_IDLE_SECONDS / 3,
+        message="the cost of a pod idle a moment was lowered at once",
+    )
     eventually(
         lambda: fleet.deletion_cost("billing-worker-busy") == "0",
-        timeout=20,
+        timeout=costs.LOWER_AFTER_IDLE_SECONDS + 20,
         message="the finished task's cost stayed",
     )
     assert condition(fleet.api, "WorkersHealthy")["status"] == "True"

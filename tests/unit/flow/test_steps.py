@@ -10,6 +10,7 @@ from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.errors import BrokerRefusedError, KubeError, KubeUnavailableError
 from celery_event_operator.core.injection import healing
+from celery_event_operator.core.lifecycle import costs
 from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.scaling.depths import QueueDepth
@@ -171,11 +172,20 @@ async def test_deletion_costs_are_written_when_a_pods_step_changes_and_not_again
     assert len(cluster.made("annotate_pod")) == 1, "sent a moment ago: not again before the watch brings it back"
     pods[0] = WorkerPod("busy", "h1", running=True, deletion_cost="1")
     metrics.running.ended("t1")
-    await lifecycle(cluster, broker, pods, metrics, memory, 20.0)
+    idle_at = 20.0
+    await lifecycle(cluster, broker, pods, metrics, memory, idle_at)
+    metrics.running.started("t2", "busy", idle_at + 5)  # the next task of a steady stream, then its end
+    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 20)
+    metrics.running.ended("t2")
+    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21)
+    assert len(cluster.made("annotate_pod")) == 1, "between tasks the cost is kept: no write down and up again"
+    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21 + costs.LOWER_AFTER_IDLE_SECONDS - 1)
+    assert len(cluster.made("annotate_pod")) == 1, "idle less than the while: still kept"
+    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21 + costs.LOWER_AFTER_IDLE_SECONDS)
     assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "busy", {DELETION_COST_ANNOTATION: "0"})
     pods[0] = WorkerPod("busy", "h1", running=True, deletion_cost="0")
-    await lifecycle(cluster, broker, pods, metrics, memory, 21.0, events_consumed=False)
-    await lifecycle(cluster, broker, pods, metrics, memory, 22.0)
+    await lifecycle(cluster, broker, pods, metrics, memory, 200.0, events_consumed=False)
+    await lifecycle(cluster, broker, pods, metrics, memory, 201.0)
     assert len(cluster.made("annotate_pod")) == 2, "at rest nothing is written"
 
 
@@ -275,8 +285,13 @@ async def test_a_deletion_cost_written_before_a_restart_is_believed_until_eviden
     assert cluster.made("annotate_pod") == [], "its cost is not lowered without evidence"
     metrics.ingest({"type": "worker-heartbeat", "hostname": "celery@busy", "active": 0}, 101.0)
     seen = await lifecycle(cluster, broker, pods, metrics, memory, 102.0)
-    assert cluster.made("annotate_pod") == [("annotate_pod", "busy", {DELETION_COST_ANNOTATION: "0"})]
     assert seen.busy == frozenset(), "it said it runs nothing"
+    assert cluster.made("annotate_pod") == [], "idle: its cost kept a while"
+    later = 102.0 + costs.LOWER_AFTER_IDLE_SECONDS
+    broker.holding_answer = ()
+    metrics.ingest({"type": "worker-heartbeat", "hostname": "celery@busy", "active": 0}, later - 1)
+    await lifecycle(cluster, broker, pods, metrics, memory, later)
+    assert cluster.made("annotate_pod") == [("annotate_pod", "busy", {DELETION_COST_ANNOTATION: "0"})]
 
 
 async def test_a_pod_whose_task_shows_only_on_the_broker_is_busy_and_costly() -> None:
@@ -298,5 +313,6 @@ async def test_a_pod_whose_task_shows_only_on_the_broker_is_busy_and_costly() ->
     broker.holding_answer = ()  # its task ended (its events come now, or were lost)
     pods[0] = WorkerPod("solo", "h1", running=True, deletion_cost="2")
     seen = await lifecycle(cluster, broker, pods, metrics, memory, 81.0)
-    assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "solo", {DELETION_COST_ANNOTATION: "0"})
     assert seen.busy == frozenset()
+    await lifecycle(cluster, broker, pods, metrics, memory, 81.0 + costs.LOWER_AFTER_IDLE_SECONDS)
+    assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "solo", {DELETION_COST_ANNOTATION: "0"})

@@ -117,6 +117,33 @@ def test_only_changed_costs_are_written_costliest_first_and_bounded() -> None:
     assert costs.costs_to_write({"a": 0}, {"a": None}, limit=10) == {}, "an idle pod without annotation: no write"
 
 
+HOLD = costs.LOWER_AFTER_IDLE_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("wanted", "written", "idle", "since", "kept", "since_after"),
+    [
+        pytest.param(1, "0", False, None, 1, None, id="up-at-once"),
+        pytest.param(2, "1", True, None, 2, None, id="up-at-once-whatever-idle-says"),
+        pytest.param(0, "1", True, None, 1, 100.0, id="idle-now-kept-and-timed"),
+        pytest.param(0, "1", True, 100.0 - HOLD / 2, 1, 100.0 - HOLD / 2, id="idle-a-while-still-kept"),
+        pytest.param(0, "1", True, 100.0 - HOLD, 0, 100.0 - HOLD, id="idle-long-enough-lowered"),
+        pytest.param(0, "2", False, None, 0, None, id="a-hung-task-lowered-at-once"),
+        pytest.param(1, "3", False, None, 1, None, id="a-busy-pod-lowered-at-once"),
+        pytest.param(0, None, True, None, 0, None, id="idle-and-never-written-nothing-to-time"),
+        pytest.param(0, "0", True, 50.0, 0, None, id="lowered-its-time-forgotten"),
+        pytest.param(0, "x", True, None, 0, None, id="an-annotation-not-a-number-counts-0"),
+    ],
+)
+def test_an_idle_pods_cost_falls_only_after_it_has_been_idle_a_while(
+    wanted: int, written: str | None, idle: bool, since: float | None, kept: int, since_after: float | None
+) -> None:
+    result = costs.held(
+        {"p": wanted}, {"p": written}, {"p"} if idle else set(), {} if since is None else {"p": since}, 100.0
+    )
+    assert result == ({"p": kept}, {} if since_after is None else {"p": since_after})
+
+
 def test_running_tasks_are_tracked_per_worker_and_bounded_the_forgotten_still_counted_busy() -> None:
     running = RunningTasks(limit=3)
     running.started("t1", "a", 0.0)

@@ -4,16 +4,22 @@ The ReplicaSet controller deletes the pods of lowest `controller.kubernetes.io/p
 asks for fewer replicas (the operator's autoscaler, `kubectl scale`, an HPA, KEDA). A pod's cost is how much work a
 deletion would throw away, in coarse steps of its longest-running task: a task shorter than the first step finishes
 within the soft shutdown anyway, and coarse steps change rarely, so the pods are patched rarely (only when a pod's
-step changes; never at rest).
+step changes; never at rest). A cost falls only once its pod has been idle a while: a worker fed a steady stream of
+tasks is otherwise patched twice per task (up past the first step, down at its end) though a scale-down meanwhile
+would keep it as rarely as not.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 # Seconds the longest running task has run: below the first bound a pod costs 0, as an idle one.
 STEPS = (10.0, 60.0, 300.0, 1800.0, 7200.0)
+
+# An idle pod's written cost is lowered after this long idle. Meanwhile a scale-down prefers the pods idle longer
+# (or those that never ran a long task), and one that takes this pod anyway stops it in its grace: it is idle.
+LOWER_AFTER_IDLE_SECONDS = 60.0
 
 
 def deletion_cost(running_seconds: Sequence[float]) -> int:
@@ -28,6 +34,27 @@ def costs_to_write(wanted: dict[str, int], current: dict[str, str | None], *, li
     the costliest first (those matter most to the next scale-down)."""
     differing = {pod: cost for pod, cost in wanted.items() if (current.get(pod) or "0") != str(cost)}
     return dict(sorted(differing.items(), key=lambda item: (-item[1], item[0]))[:limit])
+
+
+def held(
+    wanted: dict[str, int],
+    written: dict[str, str | None],
+    idle: Collection[str],
+    idle_since: dict[str, float],
+    now: float,
+) -> tuple[dict[str, int], dict[str, float]]:
+    """The costs to keep: an idle pod keeps its written cost until it has been idle LOWER_AFTER_IDLE_SECONDS (a
+    busy pod's cost, a hung task's 0 included, is what it is at once); and since when each idle pod of a written
+    cost above 0 has been idle (the memory of the next call)."""
+    kept, since = dict(wanted), {}
+    for pod, cost in wanted.items():
+        was = parsed(written.get(pod))
+        if pod not in idle or cost >= was:
+            continue
+        since[pod] = idle_since.get(pod, now)
+        if now - since[pod] < LOWER_AFTER_IDLE_SECONDS:
+            kept[pod] = was
+    return kept, since
 
 
 def parsed(annotation: str | None) -> int:
