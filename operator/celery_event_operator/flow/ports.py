@@ -11,7 +11,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec, ScaleT
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.injection.outcome import WorkersOutcome
-from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
+from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
 from celery_event_operator.core.monitoring.consumer import EventsSubscription
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.options import OperatorOptions
@@ -74,7 +74,7 @@ class ServiceBroker(Protocol):
         """The service's queue depths and how they were counted; BrokerUnavailableError when unknown."""
         ...
 
-    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+    async def consumers(self, max_age: float) -> ByConnection[Consumer]:
         """The vhost's consumers and their connections; ManagementUnavailableError without a management API."""
         ...
 
@@ -82,7 +82,7 @@ class ServiceBroker(Protocol):
         """The broker's resource alarms in effect; ManagementUnavailableError without a management API."""
         ...
 
-    async def holdings(self, max_age: float) -> tuple[Holding, ...]:
+    async def holdings(self, max_age: float) -> ByConnection[Holding]:
         """The vhost's channels and the deliveries each holds; ManagementUnavailableError without a management API."""
         ...
 

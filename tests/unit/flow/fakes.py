@@ -15,7 +15,7 @@ from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
 from celery_event_operator.core.errors import KubeError, OperatorError
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
-from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
+from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.scaling.depths import QueueDepth
@@ -90,21 +90,21 @@ class FakeBroker:
             raise self.depth_answer
         return self.depth_answer
 
-    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+    async def consumers(self, max_age: float) -> ByConnection[Consumer]:
         if isinstance(self.consumer_answer, OperatorError):
             raise self.consumer_answer
-        return self.consumer_answer
+        return ByConnection(self.consumer_answer)
 
     async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
         if isinstance(self.alarm_answer, OperatorError):
             raise self.alarm_answer
         return self.alarm_answer
 
-    async def holdings(self, max_age: float) -> tuple[Holding, ...]:
+    async def holdings(self, max_age: float) -> ByConnection[Holding]:
         self.calls.append("holdings")
         if isinstance(self.holding_answer, OperatorError):
             raise self.holding_answer
-        return self.holding_answer
+        return ByConnection(self.holding_answer)
 
 
 class FakeBrokers:

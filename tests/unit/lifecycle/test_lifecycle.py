@@ -81,7 +81,7 @@ CONTROL = "billing:control"
 def test_what_the_broker_says_of_each_pod(
     listed: list[Consumer], pods: list[WorkerPod], expected: dict[str, OnBroker]
 ) -> None:
-    assert consumers.on_broker(listed, HANDLERS, pods, "shop", CONTROL) == expected
+    assert consumers.on_broker(consumers.ByConnection(listed), HANDLERS, pods, "shop", CONTROL) == expected
 
 
 def test_the_deliveries_a_pod_holds_are_summed_over_its_channels() -> None:
@@ -92,7 +92,7 @@ def test_the_deliveries_a_pod_holds_are_summed_over_its_channels() -> None:
         Holding(0, "10.0.0.2", pod_connection_name("shop", "b")),
         Holding(3, "10.0.0.2", None),  # unnamed, from the address b and c share
     ]
-    assert consumers.unacknowledged(holdings, pods, "shop") == {"a": 3, "b": None, "c": None}
+    assert consumers.unacknowledged(consumers.ByConnection(holdings), pods, "shop") == {"a": 3, "b": None, "c": None}
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import BrokerRefusedError, ManagementUnavailableError
-from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
+from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.ownership import Claim, Claimant, Holder, holder_of
 from celery_event_operator.core.topology.declared import Declared
@@ -149,13 +149,13 @@ class Broker:
             return found, "ready + unacknowledged (the broker's statistics are off: consumers by passive declares)"
         return found, "ready + unacknowledged"
 
-    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+    async def consumers(self, max_age: float) -> ByConnection[Consumer]:
         return await self.listing.consumers(max_age)
 
     async def alarms(self, max_age: float) -> tuple[Alarm, ...]:
         return await self.listing.alarms(max_age)
 
-    async def holdings(self, max_age: float) -> tuple[Holding, ...]:
+    async def holdings(self, max_age: float) -> ByConnection[Holding]:
         return await self.listing.holdings(max_age)
 
     async def close(self) -> None:

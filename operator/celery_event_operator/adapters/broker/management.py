@@ -34,7 +34,7 @@ from celery_event_operator.adapters.broker.tls import TlsFiles, client_context
 from celery_event_operator.core.broker.address import BrokerAddress
 from celery_event_operator.core.broker.alarms import Alarm, alarms_of
 from celery_event_operator.core.errors import ArchiveNotFoundError, ManagementUnavailableError
-from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
+from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
 
 TIMEOUT_SECONDS = 10.0
 PAGE_SIZE = 500
@@ -105,16 +105,16 @@ class QueueListing:
         self._authorization = aiohttp.encode_basic_auth(endpoint.user, endpoint.password)
         self._vhost = urllib.parse.quote(address.vhost, safe="")
         self._queues = _Cached[dict[str, QueueCounts]](self._guarded(self._list_queues), {})
-        self._consumers = _Cached[tuple[Consumer, ...]](self._guarded(self._list_consumers), ())
+        self._consumers = _Cached[ByConnection[Consumer]](self._guarded(self._list_consumers), ByConnection(()))
         self._alarms = _Cached[tuple[Alarm, ...]](self._guarded(self._list_alarms), ())
-        self._holdings = _Cached[tuple[Holding, ...]](self._guarded(self._list_holdings), ())
+        self._holdings = _Cached[ByConnection[Holding]](self._guarded(self._list_holdings), ByConnection(()))
         self._session: aiohttp.ClientSession | None = None
 
     async def queues(self, max_age: float) -> dict[str, QueueCounts]:
         """Every queue of the vhost, listed no longer than `max_age` seconds ago (or now)."""
         return await self._queues.get(max_age)
 
-    async def consumers(self, max_age: float) -> tuple[Consumer, ...]:
+    async def consumers(self, max_age: float) -> ByConnection[Consumer]:
         """Every consumer of the vhost with its connection's peer address and client-provided name."""
         return await self._consumers.get(max_age)
 
@@ -122,7 +122,7 @@ class QueueListing:
         """The broker's resource alarms in effect (memory, disk), checked no longer than `max_age` seconds ago."""
         return await self._alarms.get(max_age)
 
-    async def holdings(self, max_age: float) -> tuple[Holding, ...]:
+    async def holdings(self, max_age: float) -> ByConnection[Holding]:
         """Every channel of the vhost with the deliveries it holds unacknowledged, and its connection's peer address
         and client-provided name (listed only when a judgement needs it)."""
         return await self._holdings.get(max_age)
@@ -196,7 +196,7 @@ class QueueListing:
             "channels hold"
         )
 
-    async def _list_consumers(self) -> tuple[Consumer, ...]:
+    async def _list_consumers(self) -> ByConnection[Consumer]:
         # Two listings: a consumer names its connection, the connection's listing has the name its client gave it.
         consumers = await self._get(f"/api/consumers/{self._vhost}?columns={CONSUMER_COLUMNS}")
         given = await self._connection_names()
@@ -210,9 +210,9 @@ class QueueListing:
                     given.get(str(channel.get("connection_name"))),
                 )
             )
-        return tuple(found)
+        return ByConnection(found)
 
-    async def _list_holdings(self) -> tuple[Holding, ...]:
+    async def _list_holdings(self) -> ByConnection[Holding]:
         channels = await self._get(f"/api/vhosts/{self._vhost}/channels?columns={CHANNEL_COLUMNS}")
         # Without statistics a channel's listing has no count: never read as "holds nothing" (an eviction's proof).
         if any("messages_unacknowledged" not in item for item in channels or ()) and await self._statistics_off():
@@ -228,7 +228,7 @@ class QueueListing:
                     given.get(str(connection.get("name"))),
                 )
             )
-        return tuple(found)
+        return ByConnection(found)
 
     async def _connection_names(self) -> dict[str, str]:
         """The vhost's connections: the broker's name of each → the name its client gave it."""

@@ -5,14 +5,18 @@ The broker lists consumers and channels with the connection they are on; a conne
 the name the injected settings give it (`naming.pod_connection_name`), or else when its peer address is the IP of
 exactly one of the service's pods. A pod with no consumer found is said to consume nothing only when no consumer of
 the handler queues could be its own: an unnamed connection from an address the pod shares leaves it unknown.
+
+A vhost's listing serves every service on it: indexed once by connection name and peer address (`ByConnection`), each
+service's pass reads its own pods' entries, not the whole listing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Generic, Protocol, TypeVar
 
-from celery_event_operator.core.naming import POD_CONNECTION_PREFIX, pidbox_queue_suffix
+from celery_event_operator.core.naming import POD_CONNECTION_PREFIX, pidbox_queue_suffix, pod_connection_name
 from celery_event_operator.core.service.pods import WorkerPod
 
 
@@ -52,6 +56,43 @@ def pod_of_connection(name: str | None, namespace: str) -> str | None:
     return pod if found_namespace == namespace and pod else None
 
 
+class _OnConnection(Protocol):
+    @property
+    def peer_host(self) -> str | None: ...
+
+    @property
+    def connection_name(self) -> str | None: ...
+
+
+T = TypeVar("T", bound=_OnConnection)
+
+
+class ByConnection(Generic[T]):
+    """A vhost's listing (consumers or channels) indexed by the name a connection was given and by its peer."""
+
+    def __init__(self, listed: Iterable[T]) -> None:
+        self.by_name: dict[str, list[T]] = {}
+        self.by_peer: dict[str, list[T]] = {}
+        for item in listed:
+            if item.connection_name:
+                self.by_name.setdefault(item.connection_name, []).append(item)
+            if item.peer_host:
+                self.by_peer.setdefault(item.peer_host, []).append(item)
+
+    def of(self, pods: Iterable[WorkerPod], namespace: str) -> Iterator[T]:
+        """Each entry that could be one of the pods' (named for one of them, or from one of their addresses and not
+        named for a pod of the namespace), once."""
+        addresses = set()
+        for pod in pods:
+            yield from self.by_name.get(pod_connection_name(namespace, pod.name), ())
+            if pod.ip:
+                addresses.add(pod.ip)
+        for address in addresses:
+            for item in self.by_peer.get(address, []):
+                if pod_of_connection(item.connection_name, namespace) is None:
+                    yield item
+
+
 class _Owners:
     """Which of the pods a connection (by its name, else its peer address) belongs to."""
 
@@ -78,7 +119,7 @@ class _Owners:
 
 
 def on_broker(
-    consumers: Iterable[Consumer],
+    consumers: ByConnection[Consumer],
     handler_queues: frozenset[str],
     pods: Iterable[WorkerPod],
     namespace: str,
@@ -92,7 +133,7 @@ def on_broker(
     consuming: set[str] = set()
     hostnames: dict[str, set[str]] = {}
     unknown_ips: set[str] = set()
-    for consumer in consumers:
+    for consumer in consumers.of(pods, namespace):
         owner = owners.owner(consumer.connection_name, consumer.peer_host)
         if owner is None:
             continue
@@ -112,14 +153,14 @@ def on_broker(
     }
 
 
-def unacknowledged(holdings: Iterable[Holding], pods: Iterable[WorkerPod], namespace: str) -> dict[str, int | None]:
+def unacknowledged(holdings: ByConnection[Holding], pods: Iterable[WorkerPod], namespace: str) -> dict[str, int | None]:
     """For each pod: how many deliveries its connections hold unacknowledged (None: cannot tell). With late
     acknowledgement (the injected settings) a task running on a pod holds its message until it ends."""
     pods = list(pods)
     owners = _Owners(pods, namespace)
     held: dict[str, int] = dict.fromkeys(owners.names, 0)
     shared: set[str] = set()
-    for holding in holdings:
+    for holding in holdings.of(pods, namespace):
         owner = owners.owner(holding.connection_name, holding.peer_host)
         if owner == _Owners.SHARED:
             shared.add(holding.peer_host or "")
