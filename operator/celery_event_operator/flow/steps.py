@@ -201,7 +201,7 @@ class LifecycleMemory:
     stuck: StuckMemory = dataclasses.field(default_factory=StuckMemory)
     costs_sent: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # pod → cost, when
     looked_at: set[str] = dataclasses.field(default_factory=set)  # pods whose written deletion cost was believed
-    idle_since: dict[str, float] = dataclasses.field(default_factory=dict)  # idle pods whose written cost is above 0
+    lower_since: dict[str, float] = dataclasses.field(default_factory=dict)  # pods wanting less than is written
 
 
 async def keep_lifecycle(
@@ -235,13 +235,13 @@ async def keep_lifecycle(
         _believe_written_costs(metrics, running, memory, now)
         if events_consumed:
             facts, unlisted = await _observe_pods(broker, namespace, understood, running, metrics, limit=limit, now=now)
-    wanted, idle = (
+    wanted, hung = (
         _deletion_costs(running, metrics, limit, now) if metrics is not None and events_consumed else ({}, set())
     )
     written = 0
     if workers.set_deletion_cost and wanted:
         written = await _keep_deletion_costs(
-            cluster, namespace, pods, wanted, idle=idle, memory=memory, now=now, logger=logger
+            cluster, namespace, pods, wanted, hung=hung, memory=memory, now=now, logger=logger
         )
     current = (config_hash, None)  # a pod admitted without settings (no hash) is judged too
     candidates = [pod for pod in running if config_hash is not None and pod.config_hash in current]
@@ -387,29 +387,30 @@ def _believe_written_costs(metrics: ServiceMetrics, pods: list[WorkerPod], memor
 def _deletion_costs(
     pods: list[WorkerPod], metrics: ServiceMetrics, limit: stuck.TaskLimit | None, now: float
 ) -> tuple[dict[str, int], set[str]]:
-    """Each Running pod's deletion cost from the tasks it runs (a task past its limit has hung: no work to keep),
-    and the pods that run nothing."""
-    wanted, idle = {}, set()
+    """Each Running pod's deletion cost from the tasks it runs, and the pods running a task past its limit (hung:
+    no work to keep)."""
+    wanted, hung = {}, set()
     for pod in pods:
         tasks = metrics.running.tasks(pod.name)
         late = {task.uuid for task in stuck.overdue(tasks, limit, now)}
         ages = [now - task.started_at for task in tasks if task.uuid not in late]
         unseen = metrics.running.unseen(pod.name)
-        if unseen is not None and (limit is None or now - unseen[2] <= limit.seconds):
+        unseen_late = unseen is not None and limit is not None and now - unseen[2] > limit.seconds
+        if unseen is not None and not unseen_late:
             ages.append(now - unseen[1])
         wanted[pod.name] = costs.deletion_cost(ages)
-        if not tasks and unseen is None:
-            idle.add(pod.name)
-    return wanted, idle
+        if late or unseen_late:
+            hung.add(pod.name)
+    return wanted, hung
 
 
 def _busy(pods: list[WorkerPod], wanted: dict[str, int], memory: LifecycleMemory) -> frozenset[str]:
     """The pods whose deletion cost says they are busy: as the events say it now, or as it is written (the cost just
-    sent, else the pod's annotation, whoever wrote it) unless it is kept only until its idle pod has been idle a
+    sent, else the pod's annotation, whoever wrote it) unless it is kept only until a lower one has held a
     while."""
     written = {pod.name: costs.parsed(pod.deletion_cost) for pod in pods}
     written |= {pod: cost for pod, (cost, _) in memory.costs_sent.items()}
-    written = {pod: cost for pod, cost in written.items() if pod not in memory.idle_since}
+    written = {pod: cost for pod, cost in written.items() if pod not in memory.lower_since}
     return frozenset(pod.name for pod in pods if max(wanted.get(pod.name, 0), written.get(pod.name, 0)) > 0)
 
 
@@ -419,12 +420,12 @@ async def _keep_deletion_costs(
     pods: list[WorkerPod],
     wanted: dict[str, int],
     *,
-    idle: set[str],
+    hung: set[str],
     memory: LifecycleMemory,
     now: float,
     logger: logging.Logger | Any,
 ) -> int:
-    """Patch the pods whose deletion cost changed (a bounded number per pass; an idle pod's after it has been idle a
+    """Patch the pods whose deletion cost changed (a bounded number per pass; lowered once the lower cost has held a
     while); the number patched."""
     current = {pod.name: pod.deletion_cost for pod in pods}
     for pod, (cost, at) in list(memory.costs_sent.items()):
@@ -432,7 +433,7 @@ async def _keep_deletion_costs(
             del memory.costs_sent[pod]  # seen back (or gone, or long ago): the pod's own annotation counts
         else:
             current[pod] = str(cost)  # sent a moment ago; the watch has not brought it back yet
-    wanted, memory.idle_since = costs.held(wanted, current, idle, memory.idle_since, now)
+    wanted, memory.lower_since = costs.held(wanted, current, hung, memory.lower_since, now)
     written = 0
     for pod, cost in costs.costs_to_write(wanted, current, limit=COST_WRITES_PER_PASS).items():
         try:

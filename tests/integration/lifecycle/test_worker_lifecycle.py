@@ -48,12 +48,12 @@ def test_a_pod_running_a_long_task_costs_more_to_delete_than_an_idle_one(
     # Idle now, the pod keeps its cost a while (the next task of a steady stream would raise it again), then 0.
     stays(
         lambda: fleet.deletion_cost("billing-worker-busy") == "1",
-        seconds=costs.LOWER_AFTER_IDLE_SECONDS / 3,
+        seconds=costs.LOWER_AFTER_SECONDS / 3,
         message="the cost of a pod idle a moment was lowered at once",
     )
     eventually(
         lambda: fleet.deletion_cost("billing-worker-busy") == "0",
-        timeout=costs.LOWER_AFTER_IDLE_SECONDS + 20,
+        timeout=costs.LOWER_AFTER_SECONDS + 20,
         message="the finished task's cost stayed",
     )
     assert condition(fleet.api, "WorkersHealthy")["status"] == "True"

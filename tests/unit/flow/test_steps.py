@@ -175,13 +175,14 @@ async def test_deletion_costs_are_written_when_a_pods_step_changes_and_not_again
     idle_at = 20.0
     await lifecycle(cluster, broker, pods, metrics, memory, idle_at)
     metrics.running.started("t2", "busy", idle_at + 5)  # the next task of a steady stream, then its end
+    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 6)  # running, short so far: costs 0 too
     await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 20)
     metrics.running.ended("t2")
     await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21)
-    assert len(cluster.made("annotate_pod")) == 1, "between tasks the cost is kept: no write down and up again"
-    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21 + costs.LOWER_AFTER_IDLE_SECONDS - 1)
+    assert len(cluster.made("annotate_pod")) == 1, "between tasks and early in the next the cost is kept: no write down and up"
+    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21 + costs.LOWER_AFTER_SECONDS - 1)
     assert len(cluster.made("annotate_pod")) == 1, "idle less than the while: still kept"
-    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21 + costs.LOWER_AFTER_IDLE_SECONDS)
+    await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21 + costs.LOWER_AFTER_SECONDS)
     assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "busy", {DELETION_COST_ANNOTATION: "0"})
     pods[0] = WorkerPod("busy", "h1", running=True, deletion_cost="0")
     await lifecycle(cluster, broker, pods, metrics, memory, 200.0, events_consumed=False)
@@ -287,7 +288,7 @@ async def test_a_deletion_cost_written_before_a_restart_is_believed_until_eviden
     seen = await lifecycle(cluster, broker, pods, metrics, memory, 102.0)
     assert seen.busy == frozenset(), "it said it runs nothing"
     assert cluster.made("annotate_pod") == [], "idle: its cost kept a while"
-    later = 102.0 + costs.LOWER_AFTER_IDLE_SECONDS
+    later = 102.0 + costs.LOWER_AFTER_SECONDS
     broker.holding_answer = ()
     metrics.ingest({"type": "worker-heartbeat", "hostname": "celery@busy", "active": 0}, later - 1)
     await lifecycle(cluster, broker, pods, metrics, memory, later)
@@ -314,5 +315,5 @@ async def test_a_pod_whose_task_shows_only_on_the_broker_is_busy_and_costly() ->
     pods[0] = WorkerPod("solo", "h1", running=True, deletion_cost="2")
     seen = await lifecycle(cluster, broker, pods, metrics, memory, 81.0)
     assert seen.busy == frozenset()
-    await lifecycle(cluster, broker, pods, metrics, memory, 81.0 + costs.LOWER_AFTER_IDLE_SECONDS)
+    await lifecycle(cluster, broker, pods, metrics, memory, 81.0 + costs.LOWER_AFTER_SECONDS)
     assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "solo", {DELETION_COST_ANNOTATION: "0"})

@@ -117,29 +117,29 @@ def test_only_changed_costs_are_written_costliest_first_and_bounded() -> None:
     assert costs.costs_to_write({"a": 0}, {"a": None}, limit=10) == {}, "an idle pod without annotation: no write"
 
 
-HOLD = costs.LOWER_AFTER_IDLE_SECONDS
+HOLD = costs.LOWER_AFTER_SECONDS
 
 
 @pytest.mark.parametrize(
-    ("wanted", "written", "idle", "since", "kept", "since_after"),
+    ("wanted", "written", "hung", "since", "kept", "since_after"),
     [
         pytest.param(1, "0", False, None, 1, None, id="up-at-once"),
-        pytest.param(2, "1", True, None, 2, None, id="up-at-once-whatever-idle-says"),
-        pytest.param(0, "1", True, None, 1, 100.0, id="idle-now-kept-and-timed"),
-        pytest.param(0, "1", True, 100.0 - HOLD / 2, 1, 100.0 - HOLD / 2, id="idle-a-while-still-kept"),
-        pytest.param(0, "1", True, 100.0 - HOLD, 0, 100.0 - HOLD, id="idle-long-enough-lowered"),
-        pytest.param(0, "2", False, None, 0, None, id="a-hung-task-lowered-at-once"),
-        pytest.param(1, "3", False, None, 1, None, id="a-busy-pod-lowered-at-once"),
-        pytest.param(0, None, True, None, 0, None, id="idle-and-never-written-nothing-to-time"),
-        pytest.param(0, "0", True, 50.0, 0, None, id="lowered-its-time-forgotten"),
-        pytest.param(0, "x", True, None, 0, None, id="an-annotation-not-a-number-counts-0"),
+        pytest.param(2, "1", False, 100.0 - HOLD / 2, 2, None, id="up-at-once-its-lowering-forgotten"),
+        pytest.param(0, "1", False, None, 1, 100.0, id="lower-now-kept-and-timed"),
+        pytest.param(0, "1", False, 100.0 - HOLD / 2, 1, 100.0 - HOLD / 2, id="lower-a-while-still-kept"),
+        pytest.param(0, "1", False, 100.0 - HOLD, 0, 100.0 - HOLD, id="lower-long-enough-lowered"),
+        pytest.param(1, "3", False, 100.0 - HOLD, 1, 100.0 - HOLD, id="lowered-a-step-not-to-0"),
+        pytest.param(0, "2", True, None, 0, None, id="a-hung-task-lowered-at-once"),
+        pytest.param(0, None, False, None, 0, None, id="never-written-nothing-to-time"),
+        pytest.param(0, "0", False, 50.0, 0, None, id="lowered-its-time-forgotten"),
+        pytest.param(0, "x", False, None, 0, None, id="an-annotation-not-a-number-counts-0"),
     ],
 )
-def test_an_idle_pods_cost_falls_only_after_it_has_been_idle_a_while(
-    wanted: int, written: str | None, idle: bool, since: float | None, kept: int, since_after: float | None
+def test_a_cost_falls_only_once_the_lower_one_has_held_a_while(
+    wanted: int, written: str | None, hung: bool, since: float | None, kept: int, since_after: float | None
 ) -> None:
     result = costs.held(
-        {"p": wanted}, {"p": written}, {"p"} if idle else set(), {} if since is None else {"p": since}, 100.0
+        {"p": wanted}, {"p": written}, {"p"} if hung else set(), {} if since is None else {"p": since}, 100.0
     )
     assert result == ({"p": kept}, {} if since_after is None else {"p": since_after})
 

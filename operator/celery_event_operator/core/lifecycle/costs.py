@@ -4,9 +4,9 @@ The ReplicaSet controller deletes the pods of lowest `controller.kubernetes.io/p
 asks for fewer replicas (the operator's autoscaler, `kubectl scale`, an HPA, KEDA). A pod's cost is how much work a
 deletion would throw away, in coarse steps of its longest-running task: a task shorter than the first step finishes
 within the soft shutdown anyway, and coarse steps change rarely, so the pods are patched rarely (only when a pod's
-step changes; never at rest). A cost falls only once its pod has been idle a while: a worker fed a steady stream of
-tasks is otherwise patched twice per task (up past the first step, down at its end) though a scale-down meanwhile
-would keep it as rarely as not.
+step changes; never at rest). A cost falls only once it has been lower a while: a worker fed a steady stream of
+long tasks is otherwise patched twice per task (up past the first step, down at its end or with the next task's
+start), though a scale-down in between would find it as busy as not.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from collections.abc import Collection, Sequence
 # Seconds the longest running task has run: below the first bound a pod costs 0, as an idle one.
 STEPS = (10.0, 60.0, 300.0, 1800.0, 7200.0)
 
-# An idle pod's written cost is lowered after this long idle. Meanwhile a scale-down prefers the pods idle longer
-# (or those that never ran a long task), and one that takes this pod anyway stops it in its grace: it is idle.
-LOWER_AFTER_IDLE_SECONDS = 60.0
+# A written cost is lowered once the lower one has held this long (at once when the pod's task hung). Meanwhile a
+# scale-down prefers the pods that ran no long task lately, and one that takes this pod anyway stops it in its grace:
+# what it runs now is short so far.
+LOWER_AFTER_SECONDS = 60.0
 
 
 def deletion_cost(running_seconds: Sequence[float]) -> int:
@@ -39,20 +40,20 @@ def costs_to_write(wanted: dict[str, int], current: dict[str, str | None], *, li
 def held(
     wanted: dict[str, int],
     written: dict[str, str | None],
-    idle: Collection[str],
-    idle_since: dict[str, float],
+    hung: Collection[str],
+    lower_since: dict[str, float],
     now: float,
 ) -> tuple[dict[str, int], dict[str, float]]:
-    """The costs to keep: an idle pod keeps its written cost until it has been idle LOWER_AFTER_IDLE_SECONDS (a
-    busy pod's cost, a hung task's 0 included, is what it is at once); and since when each idle pod of a written
-    cost above 0 has been idle (the memory of the next call)."""
+    """The costs to keep: a pod keeps its written cost until a lower one has been wanted for LOWER_AFTER_SECONDS
+    (a higher one is written at once, and a hung task's pod is lowered at once); and since when each pod has wanted
+    less than is written (the memory of the next call)."""
     kept, since = dict(wanted), {}
     for pod, cost in wanted.items():
         was = parsed(written.get(pod))
-        if pod not in idle or cost >= was:
+        if pod in hung or cost >= was:
             continue
-        since[pod] = idle_since.get(pod, now)
-        if now - since[pod] < LOWER_AFTER_IDLE_SECONDS:
+        since[pod] = lower_since.get(pod, now)
+        if now - since[pod] < LOWER_AFTER_SECONDS:
             kept[pod] = was
     return kept, since
 
