@@ -34,6 +34,16 @@ class ApiError(Exception):
         self.body = body
 
 
+def _status_of(answer: bytes) -> dict[str, Any]:
+    """An error's body: a Status object, or the plain text a real API server answers for a path it does not serve
+    ("404 page not found": a resource whose CRD is not installed)."""
+    try:
+        found = json.loads(answer or b"{}")
+    except ValueError:
+        return {"message": answer.decode(errors="replace").strip()}
+    return found if isinstance(found, dict) else {"message": str(found)}
+
+
 class KubeClient:
     """Just enough of a Kubernetes client for assertions: raw paths, JSON in and out."""
 
@@ -61,7 +71,7 @@ class KubeClient:
             with urllib.request.urlopen(request, timeout=10, context=self.context) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
-            raise ApiError(exc.code, json.loads(exc.read() or b"{}")) from None
+            raise ApiError(exc.code, _status_of(exc.read())) from None
 
     def get(self, path: str, **kwargs: Any) -> Any:
         return self.request("GET", path, **kwargs)

@@ -10,6 +10,7 @@ import base64
 import concurrent.futures
 import contextlib
 import functools
+import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
@@ -18,7 +19,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from celery_event_operator.core.api.metadata import GROUP
+from celery_event_operator.core.api.metadata import GROUP, SERVICE_LABEL
 from celery_event_operator.core.api.models import PLURAL, REPLAY_PLURAL, VERSION
 from celery_event_operator.core.errors import (
     BrokerSecretError,
@@ -53,8 +54,8 @@ API_CALLS = (
     ("apps", "deployments", "patch"),
     ("apps", "statefulsets", "get"),
     ("apps", "statefulsets", "patch"),
-    # WorkersConfigured: the service's pods and the settings they carry; kopf watches the labelled
-    # pods for the metrics (a deleted pod's series go at once)
+    # the labelled pods, listed and watched (adapters/pods.py): WorkersConfigured, the workers' lifecycle, and a
+    # deleted pod's metric series gone at once
     ("", "pods", "list"),
     ("", "pods", "watch"),
     # healing: a pod that runs without the current settings, or a stuck worker, is evicted (PodDisruptionBudgets
@@ -93,6 +94,8 @@ READ_RETRY_PAUSES = (0.2, 0.6)
 READ_RETRY_WAIT_MAX = 2.0
 
 WORKLOAD_PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
+# The pods listed per request: a page of a few MB, however many pods the cluster has.
+PODS_PAGE = 500
 
 
 def failure(exc: ApiException, action: str, needs: str) -> KubeError:
@@ -329,6 +332,52 @@ class KubeApi:
         if not isinstance(body, dict):
             raise KubeError(f"CeleryEventService {namespace}/{name}: the API answered with no object")
         return body
+
+    def list_worker_pods(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        """The pods labelled with a service in `namespace` (None: every namespace), as the API serves them (no
+        model objects: thousands of them), a page at a time; and the listing's resourceVersion, to watch from."""
+        where = namespace or "every namespace"
+        items: list[dict[str, Any]] = []
+        more: str | None = None
+        with _reported(f"cannot list the worker pods of {where}", _needs("list", "pods", where)):
+            while True:
+                page = self._pods_call(namespace, limit=PODS_PAGE, _continue=more, _request_timeout=60)
+                listed = json.loads(page.data)
+                items += listed.get("items") or []
+                more = (listed.get("metadata") or {}).get("continue") or None
+                if more is None:
+                    return items, str(listed["metadata"]["resourceVersion"])
+
+    def watch_worker_pods(self, namespace: str | None, since: str, seconds: int) -> Iterator[dict[str, Any]]:
+        """The watch events of the labelled pods after resourceVersion `since` (bookmarks asked, to go on from a
+        recent version), for `seconds` at most."""
+        where = namespace or "every namespace"
+        with _reported(f"cannot watch the worker pods of {where}", _needs("watch", "pods", where)):
+            response = self._pods_call(
+                namespace,
+                watch=True,
+                resource_version=since,
+                allow_watch_bookmarks=True,
+                timeout_seconds=seconds,
+                _request_timeout=seconds + 10,
+            )
+            try:
+                for line in kubernetes.watch.watch.iter_resp_lines(response):
+                    event = json.loads(line)
+                    if isinstance(event, dict):
+                        yield event
+            finally:
+                response.close()
+                response.release_conn()
+
+    def _pods_call(self, namespace: str | None, **arguments: Any) -> Any:
+        if namespace is None:
+            return self._core.list_pod_for_all_namespaces(
+                label_selector=SERVICE_LABEL, _preload_content=False, **arguments
+            )
+        return self._core.list_namespaced_pod(
+            namespace, label_selector=SERVICE_LABEL, _preload_content=False, **arguments
+        )
 
     @classmethod
     def from_environment(cls) -> KubeApi:

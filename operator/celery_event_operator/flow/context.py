@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import gc
 import logging
 import pathlib
 import tempfile
+import time
 
 from celery_event_operator.adapters import certs
 from celery_event_operator.adapters.broker.brokers import Brokers
@@ -16,11 +18,13 @@ from celery_event_operator.adapters.cluster import Cluster
 from celery_event_operator.adapters.injection.catalog import InjectionCatalog
 from celery_event_operator.adapters.kubeapi import AsyncKubeApi, KubeApi
 from celery_event_operator.adapters.monitoring.collector import MetricsRegistry, serve_metrics
+from celery_event_operator.adapters.pods import PodWatch
 from celery_event_operator.adapters.replay.runner import ReplayRunner
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import KubeError
 from celery_event_operator.core.monitoring.bounds import SeriesSettings
 from celery_event_operator.core.options import OperatorOptions, WebhookOptions
+from celery_event_operator.core.service.watched import Labelled
 
 # Python's cycle collector traverses every tracked object in its full passes: at a thousand services (kopf's bodies
 # and indexes, the models of every spec) they held the event loop — the webhook's and the events' — ~0.9 s each,
@@ -46,6 +50,14 @@ def webhook_certificate(options: WebhookOptions) -> tuple[str, str]:
     return str(certfile), str(keyfile)
 
 
+def forget_series(metrics: MetricsRegistry, pod: Labelled) -> None:
+    """A deleted pod's metric series go at once (not at the next rollout's end)."""
+    found = metrics.find(pod.namespace, pod.service)
+    if found is not None:
+        found.forget_worker(pod.name, time.monotonic())
+        logging.getLogger(__name__).debug("series of worker %s/%s removed", pod.namespace, pod.name)
+
+
 @dataclasses.dataclass
 class Context:
     options: OperatorOptions
@@ -54,22 +66,25 @@ class Context:
     brokers: Brokers
     metrics: MetricsRegistry
     injections: InjectionCatalog
+    pods: PodWatch
 
     @classmethod
     def open(cls, options: OperatorOptions) -> Context:
         """The clients every keeper shares, and the /metrics server when it is wanted."""
         kube = AsyncKubeApi(KubeApi.from_environment())
+        metrics = MetricsRegistry(
+            options.runtime_buckets,
+            options.queue_wait_buckets,
+            SeriesSettings(options.per_pod_task_series, options.max_task_names),
+        )
         context = cls(
             options=options,
             kube=kube,
             cluster=Cluster(kube),
             brokers=Brokers(SecretReader(kube)),
-            metrics=MetricsRegistry(
-                options.runtime_buckets,
-                options.queue_wait_buckets,
-                SeriesSettings(options.per_pod_task_series, options.max_task_names),
-            ),
+            metrics=metrics,
             injections=InjectionCatalog(kube, tuple(options.namespaces)),
+            pods=PodWatch(kube.api, tuple(options.namespaces), functools.partial(forget_series, metrics)),
         )
         if options.metrics_port:
             serve_metrics(context.metrics, options.metrics_port, options.metrics_addr)
@@ -96,6 +111,7 @@ class Context:
                 logging.getLogger(__name__).warning("%s", exc)
 
     async def close(self) -> None:
+        self.pods.close()
         await self.metrics.close()
         self.injections.close()
         await self.brokers.close_all()

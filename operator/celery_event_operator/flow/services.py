@@ -203,7 +203,7 @@ class ServiceKeeper:
             broker = self._broker
             if isinstance(found, InvalidSpecError) or broker is None or self._deleting or not self._owner:
                 return  # the reconcile reports why
-            live = pods(found.service)  # one look at the index for the whole pass
+            live = pods(found.service)  # one look at the watched pods for the whole pass
             queues, scaling = await self._count(found, broker, pods, live)
             alarms = await self._alarms(found, broker)
             lifecycle = await self._lifecycle(found, broker, live, queues, alarms)
@@ -564,7 +564,7 @@ class ServiceKeeper:
         )
         self._record_metrics(understood.service, queues, scaling, [pod.name for pod in live])
         metrics = self.context.metrics.find(self.namespace, understood.service)
-        if metrics is not None:  # the hostnames its series keep: its live pods (the index, read when needed)
+        if metrics is not None:  # the hostnames its series keep: its live pods (the watched pods, read when needed)
             metrics.live_pods = lambda: (pod.name for pod in pods(understood.service))
         self.context.metrics.status_refreshed(self.namespace, self.name, spec.status_interval_seconds)
         self._refreshed_at = time.monotonic()

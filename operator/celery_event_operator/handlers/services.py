@@ -14,10 +14,10 @@ import kopf
 from celery_event_operator.core.api.metadata import GROUP, others_finalizers
 from celery_event_operator.core.api.models import PLURAL, VERSION
 from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.core.service.pods import PodsOf
 from celery_event_operator.flow.context import Context
 from celery_event_operator.flow.services import ServiceKeeper
 from celery_event_operator.handlers.finalizers import left_to_take_off, take_off
-from celery_event_operator.handlers.monitoring import service_pods
 from celery_event_operator.handlers.posting import events_poster
 
 DELETE_RETRIES = 10
@@ -33,6 +33,13 @@ def _keeper(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) -> ServiceKee
             context, body.metadata.namespace or "", body.metadata.name or "", events_poster(body, logger), logger
         )
     return keeper
+
+
+async def _pods(memo: kopf.Memo, body: kopf.Body) -> PodsOf:
+    """The live pods of the namespace's services, once they have been listed."""
+    context: Context = memo.context
+    await context.pods.listed()
+    return context.pods.of(body.metadata.namespace or "")
 
 
 def _owned(namespace: str | None, name: str | None, memo: kopf.Memo, **_: Any) -> bool:
@@ -55,15 +62,12 @@ async def reconcile_service(
     patch: kopf.Patch,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    pods_by_service: kopf.Index[Any, Any] | None = None,
     **_: Any,
 ) -> None:
-    # Returns nothing: kopf would store a handler's result in status, which belongs to our schema.
-    # (`pods_by_service` is the index of handlers/monitoring.py: kopf passes it by name.) Annotations ride
+    # Returns nothing: kopf would store a handler's result in status, which belongs to our schema. Annotations ride
     # on kopf's own patch of the resource after the handler.
-    await _keeper(body, memo, logger).reconcile(
-        body, service_pods(pods_by_service, body.metadata.namespace), patch.metadata.annotations.update
-    )
+    pods = await _pods(memo, body)
+    await _keeper(body, memo, logger).reconcile(body, pods, patch.metadata.annotations.update)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, when=_owned, cancellation_backoff=5.0, cancellation_timeout=10.0)
@@ -72,10 +76,9 @@ async def keep_service(
     memo: kopf.Memo,
     logger: kopf.Logger,
     stopped: kopf.DaemonStopped,
-    pods_by_service: kopf.Index[Any, Any] | None = None,
     **_: Any,
 ) -> None:
-    await _keeper(body, memo, logger).run(body, service_pods(pods_by_service, body.metadata.namespace), stopped)
+    await _keeper(body, memo, logger).run(body, await _pods(memo, body), stopped)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, when=_owned, retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_SECONDS)

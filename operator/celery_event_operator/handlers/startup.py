@@ -21,6 +21,7 @@ async def connect(memo: kopf.Memo, **_: Any) -> None:
         raise kopf.PermanentError(f"the operator cannot start: {exc}") from exc
     if memo.options.webhook is not None:
         memo.context.injections.start()  # the webhook answers from it, kept current in the background
+    memo.context.pods.start()  # the services' first passes wait for its first listing
     await memo.context.ensure_peering()
     memo.context.freeze_heap_later()
 

@@ -1,4 +1,4 @@
-"""A service's worker pods as the operator's index of labelled pods knows them (pure): one definition for
+"""A service's worker pods as the operator's watch of labelled pods knows them (pure): one definition for
 every module that asks for them."""
 
 from __future__ import annotations
@@ -27,5 +27,5 @@ def template_of(labels: Mapping[str, str]) -> str | None:
     return next((labels[label] for label in TEMPLATE_LABELS if labels.get(label)), None)
 
 
-# serviceName → its live pods (a view of kopf's index: read when called)
+# serviceName → its live pods (a view of the watched pods: read when called)
 PodsOf = Callable[[str], list[WorkerPod]]
