@@ -179,7 +179,7 @@ async def test_deletion_costs_are_written_when_a_pods_step_changes_and_not_again
     await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 20)
     metrics.running.ended("t2")
     await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21)
-    assert len(cluster.made("annotate_pod")) == 1, "between tasks and early in the next the cost is kept: no write down and up"
+    assert len(cluster.made("annotate_pod")) == 1, "kept between tasks and early in the next"
     await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21 + costs.LOWER_AFTER_SECONDS - 1)
     assert len(cluster.made("annotate_pod")) == 1, "idle less than the while: still kept"
     await lifecycle(cluster, broker, pods, metrics, memory, idle_at + 21 + costs.LOWER_AFTER_SECONDS)
