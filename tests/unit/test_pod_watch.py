@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -42,7 +42,9 @@ class ScriptedApi:
         self.first_listing.wait(5)  # held until the test has seen a pass wait for it
         return self.listings.pop(0)
 
-    def watch_worker_pods(self, namespace: str | None, since: str, seconds: int) -> Iterator[dict[str, Any]]:
+    def watch_worker_pods(
+        self, namespace: str | None, since: str, seconds: int
+    ) -> Generator[dict[str, Any], None, None]:
         self.watched.append(since)
         if since == "10":
             yield {"type": "ADDED", "object": pod("c", "11")}
@@ -81,3 +83,40 @@ async def test_a_watch_too_old_lists_again_and_a_failure_is_retried(monkeypatch:
     assert sorted(found.name for found in gone) == ["a", "b"], "gone while the watch was too old: found by the listing"
     watch.close()
     api.released.set()
+
+
+class RefusedWatches:
+    """Listings answer; every watch is refused (an API server behind a balancer whose replica's cache lags)."""
+
+    def __init__(self, watch: list[PodWatch]) -> None:
+        self.listings = 0
+        self.watch = watch
+
+    def list_worker_pods(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        self.listings += 1
+        if self.listings == 7:
+            self.watch[0].close()
+        return [pod("a")], str(self.listings)
+
+    def watch_worker_pods(
+        self, namespace: str | None, since: str, seconds: int
+    ) -> Generator[dict[str, Any], None, None]:
+        yield {"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "Too large resource version"}}
+
+
+async def test_a_listing_that_answers_does_not_reset_the_pause_of_watches_that_fail() -> None:
+    holder: list[PodWatch] = []
+    api = RefusedWatches(holder)
+    typed: PodsApi = api
+    watch = PodWatch(typed, ("shop",), lambda _: None)
+    holder.append(watch)
+    pauses: list[float] = []
+
+    def waited(timeout: float | None = None) -> bool:
+        pauses.append(timeout or 0.0)
+        return watch._stop.is_set()
+
+    watch._stop.wait = waited  # type: ignore[method-assign]  # the pauses recorded, not slept
+    watch.start()
+    await eventually(lambda: api.listings == 7)
+    assert pauses[:6] == [1.0, 2.0, 5.0, 10.0, 30.0, 30.0]

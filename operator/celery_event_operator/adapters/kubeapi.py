@@ -12,7 +12,7 @@ import contextlib
 import functools
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 import kubernetes
@@ -123,6 +123,10 @@ def _retry_after(exc: ApiException) -> float | None:
 def _needs(verb: str, resource: str, namespace: str) -> str:
     """The permission a call needs, as a 403 names it: "`get` on secrets in namespace shop"."""
     return f"`{verb}` on {resource} in namespace {namespace}"
+
+
+def _pods_needs(verb: str, namespace: str | None) -> str:
+    return _needs(verb, "pods", namespace) if namespace is not None else f"`{verb}` on pods cluster-wide"
 
 
 @contextlib.contextmanager
@@ -339,7 +343,7 @@ class KubeApi:
         where = namespace or "every namespace"
         items: list[dict[str, Any]] = []
         more: str | None = None
-        with _reported(f"cannot list the worker pods of {where}", _needs("list", "pods", where)):
+        with _reported(f"cannot list the worker pods of {where}", _pods_needs("list", namespace)):
             while True:
                 page = self._pods_call(namespace, limit=PODS_PAGE, _continue=more, _request_timeout=60)
                 listed = json.loads(page.data)
@@ -348,11 +352,13 @@ class KubeApi:
                 if more is None:
                     return items, str(listed["metadata"]["resourceVersion"])
 
-    def watch_worker_pods(self, namespace: str | None, since: str, seconds: int) -> Iterator[dict[str, Any]]:
+    def watch_worker_pods(
+        self, namespace: str | None, since: str, seconds: int
+    ) -> Generator[dict[str, Any], None, None]:
         """The watch events of the labelled pods after resourceVersion `since` (bookmarks asked, to go on from a
         recent version), for `seconds` at most."""
         where = namespace or "every namespace"
-        with _reported(f"cannot watch the worker pods of {where}", _needs("watch", "pods", where)):
+        with _reported(f"cannot watch the worker pods of {where}", _pods_needs("watch", namespace)):
             response = self._pods_call(
                 namespace,
                 watch=True,
@@ -363,6 +369,8 @@ class KubeApi:
             )
             try:
                 for line in kubernetes.watch.watch.iter_resp_lines(response):
+                    if not line.strip():
+                        continue
                     event = json.loads(line)
                     if isinstance(event, dict):
                         yield event

@@ -12,10 +12,12 @@ whose kopf watches are paused behind a peer keeps its pods current all the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
 from celery_event_operator.core.errors import KubeError
@@ -35,7 +37,9 @@ class PodsApi(Protocol):
 
     def list_worker_pods(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]: ...
 
-    def watch_worker_pods(self, namespace: str | None, since: str, seconds: int) -> Iterator[dict[str, Any]]: ...
+    def watch_worker_pods(
+        self, namespace: str | None, since: str, seconds: int
+    ) -> Generator[dict[str, Any], None, None]: ...
 
 
 class _Expired(Exception):
@@ -47,7 +51,7 @@ class PodWatch:
         """`namespaces`: those the operator serves (none: every namespace, one cluster-wide watch). `gone` is
         called, on the event loop, with each pod deleted (or found gone by a listing)."""
         self._api = api
-        self._scopes: tuple[str | None, ...] = namespaces or (None,)
+        self._scopes: tuple[str | None, ...] = tuple(dict.fromkeys(namespaces)) or (None,)  # a namespace once
         self._gone = gone
         self._pods = WatchedPods()
         self._unlisted = set(self._scopes)
@@ -76,43 +80,55 @@ class PodWatch:
         self._stop.set()  # each thread ends with its watch (at most WATCH_SECONDS): they are daemons
 
     def _follow(self, scope: str | None) -> None:
-        failures = 0
+        failures = 0  # in a row: the pause before the next listing grows with them
         while not self._stop.is_set():
             try:
                 objects, version = self._api.list_worker_pods(scope)
                 self._on_loop(self._replace, scope, objects)
-                failures = 0
                 while not self._stop.is_set():
                     version = self._watch(scope, version)
-            except _Expired:
-                continue
-            except RuntimeError:  # the event loop is closed: the operator is stopping
-                return
+                    failures = 0  # only a watch that worked: a listing alone may well be followed by a refusal
+            except RuntimeError:
+                if self._loop is not None and self._loop.is_closed():
+                    return  # the operator is stopping
+                failures = self._pause(scope, failures, "RuntimeError")
             # A thread that stopped would leave the pods as they were for ever: whatever went wrong, listed again.
             except Exception as exc:  # noqa: BLE001
-                pause = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
-                failures += 1
-                where = scope or "the cluster"
-                text = str(exc) if isinstance(exc, KubeError) else type(exc).__name__
-                logger.warning("the worker pods of %s are not watched (listed again in %.0f s): %s", where, pause, text)
-                self._stop.wait(pause)
+                text = "its resourceVersion is too old (410)" if isinstance(exc, _Expired) else str(exc)
+                failures = self._pause(
+                    scope, failures, text if isinstance(exc, KubeError | _Expired) else type(exc).__name__
+                )
+
+    def _pause(self, scope: str | None, failures: int, why: str) -> int:
+        pause = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+        logger.warning(
+            "the worker pods of %s are not watched (listed again in %.0f s): %s", scope or "the cluster", pause, why
+        )
+        self._stop.wait(pause)
+        return failures + 1
 
     def _watch(self, scope: str | None, version: str) -> str:
-        """One watch from `version`, its events applied on the event loop; the version to go on from."""
-        for event in self._api.watch_worker_pods(scope, version, WATCH_SECONDS):
-            kind, obj = event.get("type"), event.get("object")
-            if not isinstance(obj, dict):
-                continue
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise _Expired
-                raise KubeError(f"the pods' watch ended: {obj.get('code')} {obj.get('reason')}")
-            meta: Any = obj.get("metadata") or {}
-            version = str(meta.get("resourceVersion") or version)
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self._on_loop(self._change, kind, obj)
-            if self._stop.is_set():
-                break
+        """One watch from `version`, its events applied on the event loop; the version to go on from. One that ends
+        at once with nothing (a proxy closing it) is a failure: not opened again at full speed."""
+        events, started = 0, time.monotonic()
+        with contextlib.closing(self._api.watch_worker_pods(scope, version, WATCH_SECONDS)) as stream:
+            for event in stream:
+                kind, obj = event.get("type"), event.get("object")
+                if not isinstance(obj, dict):
+                    continue
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Expired
+                    raise KubeError(f"the pods' watch ended: {obj.get('code')} {obj.get('reason')}")
+                events += 1
+                meta: Any = obj.get("metadata") or {}
+                version = str(meta.get("resourceVersion") or version)
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._on_loop(self._change, kind, obj)
+                if self._stop.is_set():
+                    break
+        if not events and time.monotonic() - started < WATCH_SECONDS / 2 and not self._stop.is_set():
+            raise KubeError("the pods' watch ended at once, with nothing")
         return version
 
     def _on_loop(self, apply: Callable[..., None], *args: Any) -> None:
@@ -120,6 +136,8 @@ class PodWatch:
         self._loop.call_soon_threadsafe(apply, *args)
 
     def _replace(self, scope: str | None, objects: list[dict[str, Any]]) -> None:
+        if self._stop.is_set():
+            return  # closed: what comes after is nobody's
         for pod in self._pods.listed(scope, objects):
             self._gone(pod)
         self._unlisted.discard(scope)
@@ -127,6 +145,8 @@ class PodWatch:
             self._listed.set()
 
     def _change(self, kind: str, obj: dict[str, Any]) -> None:
+        if self._stop.is_set():
+            return
         pod = self._pods.changed(kind, obj)
         if pod is not None:
             self._gone(pod)

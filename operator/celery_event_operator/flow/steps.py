@@ -243,6 +243,8 @@ async def keep_lifecycle(
         written = await _keep_deletion_costs(
             cluster, namespace, pods, wanted, hung=hung, memory=memory, now=now, logger=logger
         )
+    else:
+        memory.lower_since.clear()  # no cost kept this pass: a hold timed before is no hold now
     current = (config_hash, None)  # a pod admitted without settings (no hash) is judged too
     candidates = [pod for pod in running if config_hash is not None and pod.config_hash in current]
     unchecked = None

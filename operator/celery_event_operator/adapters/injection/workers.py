@@ -49,7 +49,7 @@ async def sync(
     pod_hashes: Iterable[str | None],
 ) -> WorkersOutcome:
     """The settings ConfigMap and the rollout stamp made current; `pod_hashes`: the settings hash each live pod
-    of the service carries (from the operator's index of pods: no listing)."""
+    of the service carries (from the operator's watch of the pods: no listing)."""
     namespace = owner["metadata"]["namespace"]
     settings = rendering.render(service, spec)
     config_hash = rendering.config_hash(settings)

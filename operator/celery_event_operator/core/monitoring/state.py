@@ -626,7 +626,7 @@ class ServiceMetrics:
             return False
         self._pods_seen = frozenset(self.live_pods())
         self._pods_read_at = now
-        self._outside -= self._pods_seen  # workers taken for outsiders at first were pods not indexed yet
+        self._outside -= self._pods_seen  # workers taken for outsiders at first were pods not watched yet
         return True
 
     def _tombstoned(self, worker: str, now: float) -> bool:
