@@ -91,9 +91,11 @@ def test_each_watch_event_changes_one_pod() -> None:
     assert pods.changed("DELETED", pod_object("b", terminating=True)) == Labelled("shop", "b", "billing", None)
     pods.changed("MODIFIED", pod_object("a", service="other"))
     assert (names(pods), names(pods, "other")) == ([], ["a"]), "relabelled: the other service's now"
-    # A pod losing its label leaves a label-selected watch as a deletion of the object as it is now: out of the
-    # view, not gone (it runs on; its worker's events still count).
-    assert pods.changed("DELETED", pod_object("a", service=None)) is None
+    # A pod losing its label leaves a label-selected watch as a deletion (the real API server sends the object as
+    # it was; an older one, as it is now): gone either way, by its name.
+    assert pods.changed("DELETED", pod_object("a", service=None)) == Labelled(
+        "shop", "a", "other", WorkerPod("a", None)
+    )
     assert names(pods, "other") == []
     pods.changed("ADDED", pod_object("d"))
     assert pods.changed("DELETED", pod_object("d")) == Labelled("shop", "d", "billing", WorkerPod("d", None))

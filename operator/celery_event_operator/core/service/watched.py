@@ -68,16 +68,16 @@ class WatchedPods:
         return gone
 
     def changed(self, kind: str, obj: Mapping[str, Any]) -> Labelled | None:
-        """A watch event (ADDED, MODIFIED, DELETED); the pod when it is gone (deleted: a pod that lost its label
-        leaves the view, but it runs on: its series stay, as its worker's events still count)."""
-        if kind == "DELETED":  # also sent when a pod loses its label: known by its name, whatever it carries now
+        """A watch event (ADDED, MODIFIED, DELETED); the pod when it is gone. A label-selected watch also says
+        DELETED, with the object as it was, when a pod loses its label: the API server tells it from a deletion in
+        no way, so such a pod is taken as gone too (its series go; its worker, if it runs on, is no longer counted)."""
+        if kind == "DELETED":
             meta = obj.get("metadata")
             key = (str(meta.get("namespace") or ""), str(meta.get("name"))) if isinstance(meta, Mapping) else None
             known = self._found.get(key) if key is not None else None
-            if known is None:
-                return None
-            self._forget(known)
-            return known if labelled(obj) is not None else None
+            if known is not None:
+                self._forget(known)
+            return known
         found = labelled(obj)
         if found is not None:
             self._keep(found)
