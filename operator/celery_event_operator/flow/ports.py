@@ -18,6 +18,7 @@ from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.ownership import Claim, Claimant
 from celery_event_operator.core.topology.declared import Declared
+from celery_event_operator.core.topology.listed import ListedEntities
 from celery_event_operator.core.topology.outcome import Report
 from celery_event_operator.core.topology.plan import Topology
 
@@ -68,6 +69,11 @@ class ServiceBroker(Protocol):
 
     async def release(self, service: str, claimant: Claimant) -> Claim:
         """Release the service's claim when it is ours (ours: released; else who holds it)."""
+        ...
+
+    async def listed(self, max_age: float) -> ListedEntities:
+        """The vhost's queues, exchanges and bindings, listed no longer than `max_age` seconds ago;
+        ManagementUnavailableError without a management API."""
         ...
 
     async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:

@@ -100,6 +100,7 @@ class ServiceKeeper:
         self._scaler = steps.ScalerMemory()
         self._healing = healing.HealingMemory()
         self._lifecycle_memory = steps.LifecycleMemory()
+        self._declare_memory = steps.DeclareMemory()
         self._swept_at = time.monotonic()
         self._refreshed_at: float | None = None  # the last status pass
         self.resync_requested = asyncio.Event()
@@ -112,13 +113,16 @@ class ServiceKeeper:
 
     # --- the two passes ---------------------------------------------------------------------
 
-    async def reconcile(self, body: Mapping[str, Any], pods: PodsOf, annotate: Annotate | None = None) -> None:
-        """Validate, declare the topology, configure the workers, keep the consumer: conditions and Events."""
+    async def reconcile(
+        self, body: Mapping[str, Any], pods: PodsOf, annotate: Annotate | None = None, *, resync: bool = False
+    ) -> None:
+        """Validate, declare the topology, configure the workers, keep the consumer: conditions and Events. A
+        `resync` declares only what the broker's listing does not show as planned (steps.declare)."""
         async with self.lock:
             if not self._deleting:
-                await self._reconcile(body, pods, annotate)
+                await self._reconcile(body, pods, annotate, resync)
 
-    async def _reconcile(self, body: Mapping[str, Any], pods: PodsOf, annotate: Annotate | None) -> None:
+    async def _reconcile(self, body: Mapping[str, Any], pods: PodsOf, annotate: Annotate | None, resync: bool) -> None:
         # Read together, before any wait: the watch may swap a later generation into the body meanwhile, whose
         # change handler waits for this pass and must not find its generation done with this spec.
         accepted, changed = specs.immutable_changes(body)
@@ -137,8 +141,13 @@ class ServiceKeeper:
         remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
         if self._owner is None:  # the operator restarted: a claim the broker cannot answer now must not act on it
             self._owner = not shown_refused(body.get("status"))
+        listed = None
+        if resync and broker is not None:
+            listed = await steps.listed(
+                broker, found.topology, self._declare_memory, self.context.options.resync_seconds / 2
+            )
         # The claim first: nothing of a service another resource owns is declared, configured or consumed.
-        claimed = await steps.claim(broker, found.service, claimant) if broker is not None else None
+        claimed = await steps.claim(broker, found.service, claimant, listed) if broker is not None else None
         ownership = None
         if isinstance(claimed, Claim) and broker is not None:
             ownership = OwnershipSeen(found.service, claimant, claimed, broker.display)
@@ -156,7 +165,9 @@ class ServiceKeeper:
                 await self._write_unacted(body, seen, remembered, annotate)
                 return
         else:
-            topology = await steps.declare(broker, unusable, found.topology, declared)
+            topology = await steps.declare(
+                broker, unusable, found.topology, declared, listed=listed, memory=self._declare_memory
+            )
         workers = await self._workers_outcome(body, generation, found, pods)
         # The Kubernetes API did not answer a read of this pass: asked again soon, not a whole resync later.
         self._api_retry = (
@@ -257,7 +268,7 @@ class ServiceKeeper:
                     self.resync_requested.clear()
                     if self._broker is not None and self._broker.events.login_refused:
                         self._forget_secret(body)
-                    await self.reconcile(body, pods)
+                    await self.reconcile(body, pods, resync=True)
                     every = min(resync_every, API_RETRY_SECONDS) if self._api_retry else resync_every
                     next_resync = time.monotonic() + every * random.uniform(0.9, 1.1)
                 if now >= next_status:
@@ -397,6 +408,7 @@ class ServiceKeeper:
         except OperatorError as exc:
             await self._let_go()
             return None, exc, None
+        self._declare_memory = steps.DeclareMemory()  # declared afresh as these settings: their rights may differ
         if self._broker is not None:
             self._logger.info("broker settings of %s changed: moving to %s", self.name, broker.display)
             if self._owner and broker.display != self._broker.display:

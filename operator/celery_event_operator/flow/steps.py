@@ -36,11 +36,12 @@ from celery_event_operator.core.service.observations import (
     Scaled,
     ScalingSeen,
 )
-from celery_event_operator.core.service.ownership import Claim, Claimant
+from celery_event_operator.core.service.ownership import Claim, Claimant, shown_ours
 from celery_event_operator.core.service.pods import WorkerPod
 from celery_event_operator.core.service.spec import Understood
 from celery_event_operator.core.topology.declared import Declared
-from celery_event_operator.core.topology.outcome import DeclareOutcome
+from celery_event_operator.core.topology.listed import ListedEntities, exchange_arguments, not_as_planned
+from celery_event_operator.core.topology.outcome import DeclareOutcome, Report
 from celery_event_operator.core.topology.plan import Topology
 from celery_event_operator.flow.ports import ClusterAccess, ServiceBroker
 
@@ -59,6 +60,27 @@ class ScalerMemory:
     scale_read_at: float = -float("inf")
 
 
+@dataclasses.dataclass
+class DeclareMemory:
+    """The plan last declared on the service's broker with nothing refused and nothing left to drain (None: none
+    yet, or the last declare was not so): only then may a resync find it intact in the broker's listing."""
+
+    clean: Topology | None = None
+
+
+async def listed(
+    broker: ServiceBroker, topology: Topology, memory: DeclareMemory, max_age: float
+) -> ListedEntities | None:
+    """The vhost's entities for a resync (no older than `max_age`), when its plan was last declared clean: None
+    when it was not (it is declared anyway) or when the broker cannot list them (declared as before)."""
+    if memory.clean != topology:
+        return None
+    try:
+        return await broker.listed(max_age)
+    except OperatorError:
+        return None
+
+
 async def declare(
     broker: ServiceBroker | None,
     unusable: OperatorError | None,
@@ -66,20 +88,35 @@ async def declare(
     declared: Declared,
     *,
     remove: bool = False,
+    listed: ListedEntities | None = None,
+    memory: DeclareMemory | None = None,
 ) -> DeclareOutcome:
-    """The topology applied (or removed) on the broker; the failure when there is no usable broker."""
+    """The topology applied (or removed) on the broker; the failure when there is no usable broker. Nothing is
+    declared when `listed` shows the whole plan as a declare would leave it (and nothing obsolete remains)."""
     if broker is None:
         return DeclareOutcome(topology, failure=unusable)
+    if listed is not None and not declared.obsolete(topology) and not not_as_planned(topology, listed):
+        return DeclareOutcome(topology, broker.display, report=Report())
     try:
         report = await broker.declare(topology, declared, remove=remove)
     except OperatorError as exc:
+        if memory is not None:
+            memory.clean = None
         return DeclareOutcome(topology, broker.display, exc)
+    if memory is not None:
+        memory.clean = topology if not report.problems and not report.kept else None
     return DeclareOutcome(topology, broker.display, report=report)
 
 
-async def claim(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
-    """The claim on the service's topology, made (or confirmed) before anything of it is touched; the failure when
-    the broker could not be asked."""
+async def claim(
+    broker: ServiceBroker, service: str, claimant: Claimant, listed: ListedEntities | None = None
+) -> Claim | OperatorError:
+    """The claim on the service's topology, made (or confirmed) before anything of it is touched — confirmed by
+    `listed` alone when it shows the claim ours; the failure when the broker could not be asked."""
+    if listed is not None and shown_ours(
+        exchange_arguments(listed, naming.owner_exchange_name(service), "fanout"), claimant
+    ):
+        return Claim()
     try:
         return await broker.claim(service, claimant)
     except OperatorError as exc:

@@ -3,6 +3,7 @@ and with raw AMQP messages."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,12 +13,15 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
+from celery_event_operator.adapters.broker.management import QueueListing
 from celery_event_operator.adapters.topology import apply
 from celery_event_operator.core.api.models import parse_spec
+from celery_event_operator.core.broker import address as broker_address
 from celery_event_operator.core.options import DEFAULT_INSTALLATION_ID
-from celery_event_operator.core.service.ownership import Claimant, holder_of
+from celery_event_operator.core.service.ownership import Claimant, holder_of, shown_ours
 from celery_event_operator.core.topology import plan
 from celery_event_operator.core.topology.declared import Declared
+from celery_event_operator.core.topology.listed import ListedEntities, exchange_arguments, not_as_planned
 from tests.support import rabbitmq
 from tests.support.kube import eventually
 from tests.support.waiting import stays
@@ -90,6 +94,31 @@ def test_broker_holds_exactly_the_plan(
 
     again = apply.apply(connection, topology, Declared.of(topology))
     assert (again.problems, again.recreated, again.removed) == ([], [], [])
+
+    # What a resync checks instead of declaring: the broker's own listing shows this plan and the claim as declared.
+    claimant = Claimant(DEFAULT_INSTALLATION_ID, "shop", "billing", "u1")
+    assert apply.claim(connection, "billing", claimant.arguments()) is None
+    listed = asyncio.run(entities(connection, rabbitmq_management))
+    assert not_as_planned(topology, listed) == []
+    assert shown_ours(exchange_arguments(listed, "billing:owner", "fanout"), claimant)
+    channel = connection.channel()
+    handler = next(queue.name for queue in topology.queues if queue.role == "events")
+    channel.queue_unbind(handler, topology.bindings[0].exchange, topology.bindings[0].routing_key)
+    channel.exchange_delete(topology.exchanges[-1].name)
+    channel.queue_delete(topology.queues[-1].name)
+    listed = asyncio.run(entities(connection, rabbitmq_management))
+    binding = topology.bindings[0]
+    gone = [f"{binding.exchange} → {binding.queue} ({binding.routing_key})", topology.exchanges[-1].name]
+    assert set(not_as_planned(topology, listed)) >= {*gone, topology.queues[-1].name}
+
+
+async def entities(connection: Connection, management: rabbitmq.Management) -> ListedEntities:
+    """The vhost's entities as the operator lists them (its own adapter, the broker's management API)."""
+    listing = QueueListing(broker_address.parse(connection.as_uri(include_password=True)), management.base, None)
+    try:
+        return await listing.entities(0)
+    finally:
+        await listing.close()
 
 
 def test_event_lands_in_its_queue_and_a_reject_returns_after_one_second(connection: Connection, channel: Any) -> None:

@@ -70,21 +70,51 @@ def test_sample_gets_exactly_its_planned_topology(
     assert kube_api.kubectl("get", "ces", "billing").stdout.split("\n")[1].split()[:4] == ["billing", "True", "0", "0"]
 
 
-def test_hand_deleted_queue_is_back_within_a_resync(
-    kube_api: EmulatedApi, running: OperatorProcess, channel: Any
+def _binding_there(channel: Any) -> bool:
+    # Bound again: a message published with the key lands in the queue (nothing else publishes in this vhost).
+    channel.basic_publish(amqp.Message("probe"), exchange="events", routing_key="orders.order.created")
+    return channel.basic_get("billing.orders.order.created", no_ack=True) is not None
+
+
+def _exchange_there(channel: Any) -> bool:
+    try:
+        channel.exchange_declare("billing:recover", "topic", passive=True)
+    except amqp.exceptions.NotFound:
+        return False
+    return True
+
+
+def _queue_there(channel: Any) -> bool:
+    try:
+        channel.queue_declare("billing.orders.order.created", passive=True)
+    except amqp.exceptions.NotFound:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("remove", "there"),
+    [
+        (lambda channel: channel.queue_delete("billing.orders.order.created"), _queue_there),
+        (
+            lambda channel: channel.queue_unbind("billing.orders.order.created", "events", "orders.order.created"),
+            _binding_there,
+        ),
+        (lambda channel: channel.exchange_delete("billing:recover"), _exchange_there),
+    ],
+    ids=["queue", "binding", "exchange"],
+)
+def test_what_is_deleted_by_hand_is_back_within_a_resync(
+    kube_api: EmulatedApi, running: OperatorProcess, channel: Any, remove: Any, there: Any
 ) -> None:
+    """A resync declares what the broker's listing does not show as planned (README: Resync)."""
     kube_api.client.create(CES, sample())
     eventually(lambda: condition(kube_api, "Ready").get("status") == "True")
-    channel.queue_delete("billing.orders.order.created")
-
-    def declared() -> bool:
-        try:
-            channel.queue_declare("billing.orders.order.created", passive=True)
-        except amqp.exceptions.NotFound:
-            return False
-        return True
-
-    eventually(declared, timeout=RESYNC * 5 + 15, message="the queue did not come back")  # a loaded machine: later
+    assert there(channel)
+    remove(channel)
+    assert not there(channel)
+    # A resync, and a listing no older than half of one; a loaded machine: later.
+    eventually(lambda: there(channel), timeout=RESYNC * 5 + 15, message="it did not come back")
 
 
 def test_counters_follow_the_queues(kube_api: EmulatedApi, running: OperatorProcess, channel: Any) -> None:

@@ -6,6 +6,7 @@ import aiohttp.web
 import pytest
 from aiohttp.test_utils import TestServer
 
+from celery_event_operator.adapters.broker import management
 from celery_event_operator.adapters.broker.management import QueueListing
 from celery_event_operator.core.broker.address import parse
 from celery_event_operator.core.errors import ManagementUnavailableError
@@ -20,7 +21,7 @@ async def test_a_page_that_is_not_the_apis_answer_is_the_api_unavailable_and_sho
     async with TestServer(app) as server:
         listing = QueueListing(parse("amqp://user:s3cret@127.0.0.1:5672/shop"), str(server.make_url("")), None)
         try:
-            for listed in (listing.queues, listing.consumers):
+            for listed in (listing.queues, listing.consumers, listing.entities):
                 with pytest.raises(ManagementUnavailableError) as raised:
                     await listed(0)
                 assert "s3cret" not in str(raised.value)
@@ -47,3 +48,23 @@ async def test_an_api_that_answers_400_everywhere_is_unavailable_once_not_asked_
         finally:
             await listing.close()
     assert len(asked) <= 6, asked
+
+
+async def test_an_answer_past_the_bound_is_the_api_unavailable_never_read_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy's endless page, or a vhost of millions of bindings: the resync then declares, as without the API."""
+    monkeypatch.setattr(management, "MAX_ANSWER_BYTES", 1000)
+
+    async def long_answer(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response([{"source": "x" * 100}] * 50)
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/{tail:.*}", long_answer)
+    async with TestServer(app) as server:
+        listing = QueueListing(parse("amqp://user:s3cret@127.0.0.1:5672/shop"), str(server.make_url("")), None)
+        try:
+            with pytest.raises(ManagementUnavailableError, match="longer than 1000 bytes"):
+                await listing.entities(0)
+        finally:
+            await listing.close()

@@ -13,7 +13,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec, ScaleT
 from celery_event_operator.core.broker import address as broker_address
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
-from celery_event_operator.core.errors import KubeError, OperatorError
+from celery_event_operator.core.errors import KubeError, ManagementUnavailableError, OperatorError
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
@@ -21,6 +21,7 @@ from celery_event_operator.core.options import OperatorOptions
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.ownership import Claim, Claimant, Holder
 from celery_event_operator.core.topology.declared import Declared
+from celery_event_operator.core.topology.listed import ListedEntities
 from celery_event_operator.core.topology.outcome import Report
 from celery_event_operator.core.topology.plan import Topology
 
@@ -55,12 +56,16 @@ class FakeBroker:
         self.consumer_answer: tuple[Consumer, ...] | OperatorError = ()
         self.alarm_answer: tuple[Alarm, ...] | OperatorError = ()
         self.holding_answer: tuple[Holding, ...] | OperatorError = ()
+        # The vhost's entities as the management API lists them (by default: no management API).
+        self.listed_answer: ListedEntities | OperatorError = ManagementUnavailableError("no management API")
         self.calls: list[str] = []
         self.claims: dict[str, Claimant] = {}  # service → who holds it (the claim exchanges on this broker)
         self.claim_failure: OperatorError | None = None
+        self.claims_asked = 0
         self.claim_gate: asyncio.Event | None = None  # set: a claim waits for it (a broker round trip under way)
 
     async def claim(self, service: str, claimant: Claimant) -> Claim:
+        self.claims_asked += 1
         if self.claim_gate is not None:
             await self.claim_gate.wait()
         if self.claim_failure is not None:
@@ -84,6 +89,12 @@ class FakeBroker:
         if self.declare_failure is not None:
             raise self.declare_failure
         return Report()
+
+    async def listed(self, max_age: float) -> ListedEntities:
+        self.calls.append("listed")
+        if isinstance(self.listed_answer, OperatorError):
+            raise self.listed_answer
+        return self.listed_answer
 
     async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:
         if isinstance(self.depth_answer, OperatorError):
@@ -214,3 +225,33 @@ class RecordingLogger:
         self.lines.append(message % args)
 
     warning = info
+
+
+def listing_of(topology: Topology, claimant: Claimant | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The management API's listings (queues, exchanges, bindings) of a vhost that holds exactly `topology`, and the
+    claim of `claimant` when given: JSON as the broker answers it."""
+    kept = {"durable": True, "auto_delete": False}
+    exchanges = [
+        {"name": e.name, "type": e.type, "internal": False, "arguments": {}, **kept} for e in topology.exchanges
+    ]
+    if claimant is not None:
+        name = f"{topology.service}:owner"
+        exchanges.append({"name": name, "type": "fanout", "internal": False, "arguments": claimant.arguments(), **kept})
+    return {
+        "queues": [{"name": q.name, "arguments": dict(q.arguments), **kept} for q in topology.queues],
+        "exchanges": exchanges,
+        "bindings": [
+            {"source": "", "destination": q.name, "destination_type": "queue", "routing_key": q.name, "arguments": {}}
+            for q in topology.queues
+        ]
+        + [
+            {
+                "source": b.exchange,
+                "destination": b.queue,
+                "destination_type": "queue",
+                "routing_key": b.routing_key,
+                "arguments": {},
+            }
+            for b in topology.bindings
+        ],
+    }

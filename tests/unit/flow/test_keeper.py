@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION, DECLARED_ANNOTATION
+from celery_event_operator.core.api.models import parse_spec
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.errors import (
+    BrokerRefusedError,
     BrokerSecretError,
     BrokerUnavailableError,
     KubeUnavailableError,
@@ -22,8 +24,18 @@ from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.conclusion import EventNote
 from celery_event_operator.core.service.ownership import Claimant
 from celery_event_operator.core.service.pods import WorkerPod
+from celery_event_operator.core.topology import plan
+from celery_event_operator.core.topology.listed import ListedEntities, entities_of
 from celery_event_operator.flow.services import ServiceKeeper
-from tests.unit.flow.fakes import FakeBroker, FakeBrokers, FakeCluster, FakeContext, RecordingLogger, resource
+from tests.unit.flow.fakes import (
+    FakeBroker,
+    FakeBrokers,
+    FakeCluster,
+    FakeContext,
+    RecordingLogger,
+    listing_of,
+    resource,
+)
 
 DEPTHS = (QueueDepth("billing.order", "events", 60, 1),)
 
@@ -45,6 +57,9 @@ class Harness:
     async def reconcile(self) -> None:
         # Annotations ride on kopf's own patch of the resource in a change handler.
         await self.keeper.reconcile(self.body, lambda _: self.pods, self.body["metadata"]["annotations"].update)
+
+    async def resync(self) -> None:
+        await self.keeper.reconcile(self.body, lambda _: self.pods, resync=True)
 
     async def status_pass(self) -> None:
         await self.keeper.status_pass(self.body, lambda _: self.pods)
@@ -84,6 +99,58 @@ async def test_a_reconcile_declares_configures_subscribes_and_writes_once() -> N
     assert len(harness.broker.declares) == 2, "a resync declares again (a hand-deleted queue comes back)"
     assert harness.brokers.users == 1
     assert len(harness.broker.events.subscriptions) == 1
+
+
+def listed(harness: Harness, claimant: Claimant | None = None, **changes: Any) -> ListedEntities:
+    """The broker's listing of the service's plan as declared (and its claim), with `changes` to its JSON."""
+    topology = plan.plan("billing", parse_spec(harness.body["spec"]))
+    listing = listing_of(topology, claimant) | changes
+    return entities_of(listing["queues"], listing["exchanges"], listing["bindings"])
+
+
+OURS = Claimant(DEFAULT_INSTALLATION_ID, "shop", "billing", "u1")
+
+
+async def test_a_resync_declares_nothing_the_brokers_listing_shows_as_planned() -> None:
+    harness = Harness(resource())
+    await harness.reconcile()
+    assert (harness.broker.declares, harness.broker.claims_asked) == ([("billing", False)], 1)
+    harness.broker.listed_answer = listed(harness, OURS)
+    await harness.resync()
+    assert (harness.broker.declares, harness.broker.claims_asked) == ([("billing", False)], 1), "nothing asked"
+    assert harness.condition("Ready") == ("True", "Reconciled")
+    assert harness.condition("TopologyReady") == ("True", "Declared")
+
+    harness.broker.listed_answer = listed(harness, Claimant(DEFAULT_INSTALLATION_ID, "shop2", "billing", "u2"))
+    await harness.resync()
+    assert harness.broker.claims_asked == 2, "a claim the listing shows as another's is asked of the broker"
+    assert len(harness.broker.declares) == 1, "ours after all (the fake holds it): the plan is listed intact"
+
+    harness.broker.listed_answer = listed(harness, OURS, bindings=[])
+    await harness.resync()
+    assert len(harness.broker.declares) == 2, "a binding missing: declared"
+    harness.broker.listed_answer = ManagementUnavailableError("down")
+    await harness.resync()
+    assert len(harness.broker.declares) == 3, "no listing: declared as before"
+    assert harness.broker.claims_asked == 3, "the listing showed the claim ours before the binding went"
+
+
+async def test_a_resync_after_a_declare_that_was_refused_declares_whatever_the_listing_shows() -> None:
+    """The user may lack the right to declare what someone else made as planned: only a declare tells."""
+    harness = Harness(resource())
+    harness.broker.declare_failure = BrokerRefusedError("the broker refused an operation: ACCESS_REFUSED")
+    await harness.reconcile()
+    assert harness.condition("TopologyReady")[0] == "False"
+    harness.broker.listed_answer = listed(harness, OURS)
+    await harness.resync()
+    assert len(harness.broker.declares) == 2
+    assert "listed" not in harness.broker.calls, "not even listed"
+    assert harness.condition("TopologyReady")[0] == "False"
+    harness.broker.declare_failure = None
+    await harness.resync()
+    await harness.resync()
+    assert len(harness.broker.declares) == 3, "declared clean once, then found intact"
+    assert harness.condition("TopologyReady") == ("True", "Declared")
 
 
 async def test_a_spec_change_during_a_resync_is_rolled_out_by_its_change_handler() -> None:

@@ -35,6 +35,7 @@ from celery_event_operator.core.lifecycle.consumers import ByConnection, Consume
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.ownership import Claim, Claimant, Holder, holder_of
 from celery_event_operator.core.topology.declared import Declared
+from celery_event_operator.core.topology.listed import ListedEntities
 from celery_event_operator.core.topology.outcome import Report
 from celery_event_operator.core.topology.plan import Topology
 
@@ -148,6 +149,9 @@ class Broker:
             found = tuple(dataclasses.replace(depth, consumers=counted.get(depth.queue, 0)) for depth in found)
             return found, "ready + unacknowledged (the broker's statistics are off: consumers by passive declares)"
         return found, "ready + unacknowledged"
+
+    async def listed(self, max_age: float) -> ListedEntities:
+        return await self.listing.entities(max_age)
 
     async def consumers(self, max_age: float) -> ByConnection[Consumer]:
         return await self.listing.consumers(max_age)

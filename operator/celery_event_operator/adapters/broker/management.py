@@ -8,7 +8,9 @@ thousand services at once, so the status pass costs O(vhosts) per interval, not 
 figures are the broker's statistics, refreshed every few seconds (RabbitMQ's collect_statistics_interval,
 5 s by default): they lag by that much. The consumers (for the workers' lifecycle) are listed the same way:
 the vhost's consumers and its connections, each once per interval, whatever the number of services; and so are
-the broker's resource alarms (`/api/health/checks/alarms`), which a consumer-only connection is never told of.
+the broker's resource alarms (`/api/health/checks/alarms`), which a consumer-only connection is never told of;
+and the vhost's queues, exchanges and bindings with what a redeclare compares (core/topology/listed.py), so that a
+resync declares only what the listing does not show as planned.
 
 A broker set up as RabbitMQ advises for production from 4.x has the API's statistics off
 (`management_agent.disable_metrics_collector = true`): its queue listing then carries no counts and its consumer
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -35,8 +38,17 @@ from celery_event_operator.core.broker.address import BrokerAddress
 from celery_event_operator.core.broker.alarms import Alarm, alarms_of
 from celery_event_operator.core.errors import ArchiveNotFoundError, ManagementUnavailableError
 from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
+from celery_event_operator.core.topology.listed import (
+    BINDING_COLUMNS,
+    EXCHANGE_COLUMNS,
+    QUEUE_COLUMNS,
+    ListedEntities,
+    entities_of,
+)
 
 TIMEOUT_SECONDS = 10.0
+# No answer of the API is read past this (a listing of 100,000 bindings is about 12 MB).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 PAGE_SIZE = 500
 COLUMNS = "name,messages_ready,messages_unacknowledged,consumers"
 # Counts taken from the queues themselves, not from the statistics (which may be off).
@@ -108,6 +120,7 @@ class QueueListing:
         self._consumers = _Cached[ByConnection[Consumer]](self._guarded(self._list_consumers), ByConnection(()))
         self._alarms = _Cached[tuple[Alarm, ...]](self._guarded(self._list_alarms), ())
         self._holdings = _Cached[ByConnection[Holding]](self._guarded(self._list_holdings), ByConnection(()))
+        self._entities = _Cached[ListedEntities](self._guarded(self._list_entities), entities_of([], [], []))
         self._session: aiohttp.ClientSession | None = None
 
     async def queues(self, max_age: float) -> dict[str, QueueCounts]:
@@ -126,6 +139,11 @@ class QueueListing:
         """Every channel of the vhost with the deliveries it holds unacknowledged, and its connection's peer address
         and client-provided name (listed only when a judgement needs it)."""
         return await self._holdings.get(max_age)
+
+    async def entities(self, max_age: float) -> ListedEntities:
+        """The vhost's queues, exchanges and bindings as a redeclare compares them, listed no longer than `max_age`
+        seconds ago (or now)."""
+        return await self._entities.get(max_age)
 
     async def exchange_arguments(self, name: str) -> dict[str, Any] | None:
         """The arguments an exchange of the vhost was declared with (None: there is no such exchange); read when
@@ -166,20 +184,27 @@ class QueueListing:
         return found
 
     async def _list_queues(self) -> dict[str, QueueCounts]:
-        items = await self._queue_pages(COLUMNS)
+        items = await self._pages("queues", COLUMNS)
         # A queue declared a moment ago has no statistics yet; none of them having any is a broker with them off.
         statistics = not (
             items and all("messages_ready" not in item for item in items) and await self._statistics_off()
         )
         if not statistics:
-            items = await self._queue_pages(f"{COLUMNS}&{TOTALS}")
+            items = await self._pages("queues", f"{COLUMNS}&{TOTALS}")
         return {str(item["name"]): _counts(item, consumers=statistics) for item in items}
 
-    async def _queue_pages(self, query: str) -> list[dict[str, Any]]:
+    async def _list_entities(self) -> ListedEntities:
+        return entities_of(
+            await self._pages("queues", QUEUE_COLUMNS),
+            await self._pages("exchanges", EXCHANGE_COLUMNS),
+            await self._get(f"/api/bindings/{self._vhost}?columns={BINDING_COLUMNS}"),  # one answer: no pages
+        )
+
+    async def _pages(self, kind: str, query: str) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
         page, pages = 1, 1
         while page <= pages:
-            listed = await self._get(f"/api/queues/{self._vhost}?page={page}&page_size={PAGE_SIZE}&columns={query}")
+            listed = await self._get(f"/api/{kind}/{self._vhost}?page={page}&page_size={PAGE_SIZE}&columns={query}")
             pages = int(listed.get("page_count") or 1)
             found += listed.get("items") or ()
             page += 1
@@ -264,10 +289,16 @@ class QueueListing:
         """The status and the JSON body of a GET (a body that is no JSON: None)."""
         url = f"{self.base_url}{path}"
         async with self._client().get(url, allow_redirects=False) as response:  # credentials stay on that host
-            try:
-                return response.status, await response.json(content_type=None)
-            except ValueError:
-                return response.status, None
+            read, size = [], 0
+            async for chunk in response.content.iter_any():
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:  # a proxy's endless page, a vhost of millions: never all in memory
+                    raise ValueError(f"an answer longer than {MAX_ANSWER_BYTES} bytes")
+                read.append(chunk)
+        try:
+            return response.status, json.loads(b"".join(read))
+        except ValueError:
+            return response.status, None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -284,6 +315,7 @@ class QueueListing:
         self._consumers.cancel()
         self._alarms.cancel()
         self._holdings.cancel()
+        self._entities.cancel()
         if self._session is not None:
             await self._session.close()
 

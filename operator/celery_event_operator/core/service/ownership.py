@@ -105,6 +105,12 @@ def holder_of(arguments: Mapping[str, Any] | None, refusal: str) -> Holder:
     return Holder(held)
 
 
+def shown_ours(listed_arguments: Mapping[str, Any] | None, claimant: Claimant) -> bool:
+    """Whether the claim exchange as a listing shows it (its arguments; None: not listed as a durable fanout) is
+    `claimant`'s: what declaring the claim would answer, since RabbitMQ compares only the id."""
+    return listed_arguments is not None and listed_arguments.get(ID_ARGUMENT) == claimant.id
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """What claiming a service's topology found: ours, or held by `holder`."""
