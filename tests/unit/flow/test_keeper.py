@@ -5,6 +5,7 @@ same passes against a real RabbitMQ and the real operator process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -151,6 +152,36 @@ async def test_a_resync_after_a_declare_that_was_refused_declares_whatever_the_l
     await harness.resync()
     assert len(harness.broker.declares) == 3, "declared clean once, then found intact"
     assert harness.condition("TopologyReady") == ("True", "Declared")
+
+
+class Stopped:
+    """kopf's daemon flag as the keeper uses it: false until set; awaitable until set."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout)
+
+
+async def test_the_daemon_resyncs_when_asked_and_ends_as_soon_as_it_is_stopped() -> None:
+    harness = Harness(resource(statusIntervalSeconds=3600))
+    await harness.reconcile()
+    stopped = Stopped()
+    running = asyncio.ensure_future(harness.keeper.run(harness.body, lambda _: harness.pods, stopped))
+    await asyncio.sleep(0.1)
+    declares = len(harness.broker.declares)
+    for _ in range(3):  # each request wakes it once, at once (the resync period is 30 s)
+        harness.keeper.resync_requested.set()
+        await asyncio.sleep(0.05)
+    assert len(harness.broker.declares) == declares + 3
+    stopped.event.set()
+    await asyncio.wait_for(running, timeout=1)
+    assert harness.brokers.users == 0, "closed: the broker let go"
 
 
 async def test_a_spec_change_during_a_resync_is_rolled_out_by_its_change_handler() -> None:
