@@ -71,9 +71,9 @@ class ServiceBroker(Protocol):
         """Release the service's claim when it is ours (ours: released; else who holds it)."""
         ...
 
-    async def listed(self, max_age: float) -> ListedEntities:
-        """The vhost's queues, exchanges and bindings, listed no longer than `max_age` seconds ago;
-        ManagementUnavailableError without a management API."""
+    def listed(self, max_age: float) -> ListedEntities | None:
+        """The vhost's queues, exchanges and bindings when listed no longer than `max_age` seconds ago (never
+        waited for); None when there is no such listing (one is made meanwhile) or no management API."""
         ...
 
     async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:

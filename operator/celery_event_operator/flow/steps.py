@@ -68,17 +68,10 @@ class DeclareMemory:
     clean: Topology | None = None
 
 
-async def listed(
-    broker: ServiceBroker, topology: Topology, memory: DeclareMemory, max_age: float
-) -> ListedEntities | None:
+def listed(broker: ServiceBroker, topology: Topology, memory: DeclareMemory, max_age: float) -> ListedEntities | None:
     """The vhost's entities for a resync (no older than `max_age`), when its plan was last declared clean: None
-    when it was not (it is declared anyway) or when the broker cannot list them (declared as before)."""
-    if memory.clean != topology:
-        return None
-    try:
-        return await broker.listed(max_age)
-    except OperatorError:
-        return None
+    when it was not (it is declared anyway) or when the broker has no such listing at hand (declared as before)."""
+    return broker.listed(max_age) if memory.clean == topology else None
 
 
 async def declare(

@@ -116,7 +116,13 @@ async def entities(connection: Connection, management: rabbitmq.Management) -> L
     """The vhost's entities as the operator lists them (its own adapter, the broker's management API)."""
     listing = QueueListing(broker_address.parse(connection.as_uri(include_password=True)), management.base, None)
     try:
-        return await listing.entities(0)
+        listing.entities(0)  # asked: listed meanwhile
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            listed = listing.entities(60)
+            if listed is not None:
+                return listed
+        raise AssertionError("the vhost's entities were never listed")
     finally:
         await listing.close()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp.web
 import pytest
 from aiohttp.test_utils import TestServer
@@ -21,7 +23,7 @@ async def test_a_page_that_is_not_the_apis_answer_is_the_api_unavailable_and_sho
     async with TestServer(app) as server:
         listing = QueueListing(parse("amqp://user:s3cret@127.0.0.1:5672/shop"), str(server.make_url("")), None)
         try:
-            for listed in (listing.queues, listing.consumers, listing.entities):
+            for listed in (listing.queues, listing.consumers):
                 with pytest.raises(ManagementUnavailableError) as raised:
                     await listed(0)
                 assert "s3cret" not in str(raised.value)
@@ -65,6 +67,39 @@ async def test_an_answer_past_the_bound_is_the_api_unavailable_never_read_whole(
         listing = QueueListing(parse("amqp://user:s3cret@127.0.0.1:5672/shop"), str(server.make_url("")), None)
         try:
             with pytest.raises(ManagementUnavailableError, match="longer than 1000 bytes"):
-                await listing.entities(0)
+                await listing.consumers(0)
+        finally:
+            await listing.close()
+
+
+async def test_the_entities_are_never_waited_for_and_a_listing_that_fails_shows_none() -> None:
+    """A resync asks and goes on (declaring) while the listing is made; a failed listing is no listing."""
+    answers = {
+        "queues": {"page_count": 1, "items": [{"name": "q", "durable": True, "auto_delete": False, "arguments": {}}]},
+        "exchanges": {"page_count": 1, "items": []},
+        "bindings": [],
+    }
+    failing = False
+
+    async def api(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        await asyncio.sleep(0.2)
+        if failing:
+            return aiohttp.web.Response(status=503)
+        return aiohttp.web.json_response(answers[request.path.split("/")[2]])
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/{tail:.*}", api)
+    async with TestServer(app) as server:
+        listing = QueueListing(parse("amqp://user:s3cret@127.0.0.1:5672/shop"), str(server.make_url("")), None)
+        try:
+            assert listing.entities(10) is None, "none at hand: asked, not waited for"
+            await asyncio.sleep(1)
+            listed = listing.entities(10)
+            assert listed is not None
+            assert dict(listed.queues) == {"q": {}}
+            failing = True
+            assert listing.entities(0) is None, "older than asked: none, a new one under way"
+            await asyncio.sleep(1)
+            assert listing.entities(10) is None, "the listing failed"
         finally:
             await listing.close()

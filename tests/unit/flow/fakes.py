@@ -13,7 +13,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec, ScaleT
 from celery_event_operator.core.broker import address as broker_address
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
-from celery_event_operator.core.errors import KubeError, ManagementUnavailableError, OperatorError
+from celery_event_operator.core.errors import KubeError, OperatorError
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
@@ -56,8 +56,8 @@ class FakeBroker:
         self.consumer_answer: tuple[Consumer, ...] | OperatorError = ()
         self.alarm_answer: tuple[Alarm, ...] | OperatorError = ()
         self.holding_answer: tuple[Holding, ...] | OperatorError = ()
-        # The vhost's entities as the management API lists them (by default: no management API).
-        self.listed_answer: ListedEntities | OperatorError = ManagementUnavailableError("no management API")
+        # The vhost's entities as the management API lists them (by default: none at hand).
+        self.listed_answer: ListedEntities | None = None
         self.calls: list[str] = []
         self.claims: dict[str, Claimant] = {}  # service → who holds it (the claim exchanges on this broker)
         self.claim_failure: OperatorError | None = None
@@ -90,10 +90,8 @@ class FakeBroker:
             raise self.declare_failure
         return Report()
 
-    async def listed(self, max_age: float) -> ListedEntities:
+    def listed(self, max_age: float) -> ListedEntities | None:
         self.calls.append("listed")
-        if isinstance(self.listed_answer, OperatorError):
-            raise self.listed_answer
         return self.listed_answer
 
     async def depths(self, topology: Topology, max_age: float) -> tuple[tuple[QueueDepth, ...], str]:

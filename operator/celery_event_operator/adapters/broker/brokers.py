@@ -150,8 +150,8 @@ class Broker:
             return found, "ready + unacknowledged (the broker's statistics are off: consumers by passive declares)"
         return found, "ready + unacknowledged"
 
-    async def listed(self, max_age: float) -> ListedEntities:
-        return await self.listing.entities(max_age)
+    def listed(self, max_age: float) -> ListedEntities | None:
+        return self.listing.entities(max_age)
 
     async def consumers(self, max_age: float) -> ByConnection[Consumer]:
         return await self.listing.consumers(max_age)

@@ -92,6 +92,14 @@ class _Cached(Generic[T]):
             raise self._error
         return self._found
 
+    def fresh(self, max_age: float) -> T | None:
+        """The listing when it is no older than `max_age`, without waiting: else None, and a new one under way."""
+        if time.monotonic() - self._listed_at > max_age:
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.ensure_future(self._refresh())
+            return None
+        return self._found if self._error is None else None
+
     async def _refresh(self) -> None:
         try:
             found = await self._fetch()
@@ -140,10 +148,11 @@ class QueueListing:
         and client-provided name (listed only when a judgement needs it)."""
         return await self._holdings.get(max_age)
 
-    async def entities(self, max_age: float) -> ListedEntities:
-        """The vhost's queues, exchanges and bindings as a redeclare compares them, listed no longer than `max_age`
-        seconds ago (or now)."""
-        return await self._entities.get(max_age)
+    def entities(self, max_age: float) -> ListedEntities | None:
+        """The vhost's queues, exchanges and bindings as a redeclare compares them, when listed no longer than
+        `max_age` seconds ago; else None, and a listing is made meanwhile (never waited for: a resync that finds
+        none declares, rather than hold its service's passes behind a listing of the whole vhost)."""
+        return self._entities.fresh(max_age)
 
     async def exchange_arguments(self, name: str) -> dict[str, Any] | None:
         """The arguments an exchange of the vhost was declared with (None: there is no such exchange); read when
