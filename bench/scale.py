@@ -13,7 +13,7 @@ heartbeats and task events). The emulated Kubernetes API runs in this process, t
 threads are its own), RabbitMQ at $AMQP_URL in a vhost of the bench's (removed afterwards; the management
 API is needed). Printed, in order:
 
-- seconds until every service is Ready;
+- seconds until every service is Ready (and until half and 90 % of them were);
 - status age relative to each service's interval, max and p99 (from the operator's
   celery_event_operator_status_pass_timestamp_seconds), and services with a connected events consumer
   (their MonitoringReady condition);
@@ -431,12 +431,18 @@ def run(args: argparse.Namespace, source: pathlib.Path | None) -> Figures | None
                 for index in range(args.services):
                     api.client.create(CES, service(index, queue_type_of(index, args.queue_type)))
                 record("created", f"{time.monotonic() - started:.1f} s")
+                reached: dict[int, float] = {}  # share of the services Ready (%) → when first seen
                 while (ready := conditions_true(api, "Ready")) < args.services:
                     if time.monotonic() - started > args.timeout:
                         print(f"timeout: {ready}/{args.services} Ready after {args.timeout:.0f}s")
                         return None
+                    for share in (50, 90):
+                        if ready * 100 >= share * args.services:
+                            reached.setdefault(share, time.monotonic() - started)
                     time.sleep(1)
-                record("all Ready", f"{time.monotonic() - started:.1f} s")
+                done = time.monotonic() - started
+                record("all Ready", f"{done:.1f} s")
+                record("half, 90 % Ready", f"{reached.get(50, done):.1f} s, {reached.get(90, done):.1f} s")
 
                 report_steady_state(api, operator, management, vhost, url=url, args=args, record=record)
                 if args.pods_per_service:

@@ -143,7 +143,7 @@ class ServiceKeeper:
             self._owner = not shown_refused(body.get("status"))
         listed = None
         if resync and broker is not None:
-            listed = steps.listed(broker, found.topology, self._declare_memory, self.context.options.resync_seconds / 2)
+            listed = steps.listed(broker, found.topology, self._declare_memory, self.context.options.resync_seconds)
         # The claim first: nothing of a service another resource owns is declared, configured or consumed.
         claimed = await steps.claim(broker, found.service, claimant, listed) if broker is not None else None
         ownership = None

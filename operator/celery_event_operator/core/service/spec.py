@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
@@ -144,4 +145,9 @@ def generation_of(body: Mapping[str, Any]) -> int | None:
 
 def declared_entities(body: Mapping[str, Any]) -> Declared:
     raw = annotations_of(body).get(DECLARED_ANNOTATION)
-    return Declared.from_json(raw) if raw else Declared()
+    return _declared(raw) if raw else Declared()
+
+
+@functools.lru_cache(maxsize=4096)  # read at every resync of every service, changed only by a declare that removes
+def _declared(raw: str) -> Declared:
+    return Declared.from_json(raw)
