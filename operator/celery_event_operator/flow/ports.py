@@ -32,6 +32,9 @@ class EventsFeed(Protocol):
     @property
     def login_refused(self) -> bool: ...
 
+    @property
+    def connected(self) -> bool: ...  # an AMQP connection to the broker is open now
+
     def subscribe(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics) -> EventsSubscription: ...
 
     def unsubscribe(self, subscription: EventsSubscription) -> None: ...

@@ -141,11 +141,24 @@ class ServiceKeeper:
         remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
         if self._owner is None:  # the operator restarted: a claim the broker cannot answer now must not act on it
             self._owner = not shown_refused(body.get("status"))
-        listed = None
-        if resync and broker is not None:
-            listed = steps.listed(broker, found.topology, self._declare_memory, self.context.options.resync_seconds)
+        unchanged = (
+            resync
+            and broker is not None
+            and steps.shown_unchanged(
+                broker,
+                found.topology,
+                declared,
+                claimant,
+                memory=self._declare_memory,
+                max_age=self.context.options.resync_seconds,
+            )
+        )
         # The claim first: nothing of a service another resource owns is declared, configured or consumed.
-        claimed = await steps.claim(broker, found.service, claimant, listed) if broker is not None else None
+        claimed: Claim | OperatorError | None = None
+        if broker is not None:
+            claimed = Claim() if unchanged else await steps.claim(broker, found.service, claimant)
+        if not isinstance(claimed, Claim) or not claimed.ours:
+            self._declare_memory = steps.DeclareMemory()  # declared afresh once it is known ours again
         ownership = None
         if isinstance(claimed, Claim) and broker is not None:
             ownership = OwnershipSeen(found.service, claimant, claimed, broker.display)
@@ -164,7 +177,7 @@ class ServiceKeeper:
                 return
         else:
             topology = await steps.declare(
-                broker, unusable, found.topology, declared, listed=listed, memory=self._declare_memory
+                broker, unusable, found.topology, declared, unchanged=unchanged, memory=self._declare_memory
             )
         workers = await self._workers_outcome(body, generation, found, pods)
         # The Kubernetes API did not answer a read of this pass: asked again soon, not a whole resync later.

@@ -40,7 +40,7 @@ from celery_event_operator.core.service.ownership import Claim, Claimant, shown_
 from celery_event_operator.core.service.pods import WorkerPod
 from celery_event_operator.core.service.spec import Understood
 from celery_event_operator.core.topology.declared import Declared
-from celery_event_operator.core.topology.listed import ListedEntities, exchange_arguments, not_as_planned
+from celery_event_operator.core.topology.listed import exchange_arguments, not_as_planned
 from celery_event_operator.core.topology.outcome import DeclareOutcome, Report
 from celery_event_operator.core.topology.plan import Topology
 from celery_event_operator.flow.ports import ClusterAccess, ServiceBroker
@@ -68,10 +68,26 @@ class DeclareMemory:
     clean: Topology | None = None
 
 
-def listed(broker: ServiceBroker, topology: Topology, memory: DeclareMemory, max_age: float) -> ListedEntities | None:
-    """The vhost's entities for a resync (no older than `max_age`), when its plan was last declared clean: None
-    when it was not (it is declared anyway) or when the broker has no such listing at hand (declared as before)."""
-    return broker.listed(max_age) if memory.clean == topology else None
+def shown_unchanged(
+    broker: ServiceBroker,
+    topology: Topology,
+    declared: Declared,
+    claimant: Claimant,
+    *,
+    memory: DeclareMemory,
+    max_age: float,
+) -> bool:
+    """Whether a resync may leave the claim and the plan as they are, asking the broker nothing: both shown exactly
+    as declared by a listing no older than `max_age` (never waited for), the plan's last declare by this keeper
+    clean, nothing obsolete left, and an AMQP connection to the broker open (BrokerReachable stays the truth). Both
+    or neither: a claim confirmed only by a listing never precedes a declare."""
+    if memory.clean != topology or declared.obsolete(topology) or not broker.events.connected:
+        return False
+    listed = broker.listed(max_age)
+    if listed is None:
+        return False
+    claim_exchange = exchange_arguments(listed, naming.owner_exchange_name(topology.service), "fanout")
+    return shown_ours(claim_exchange, claimant) and not not_as_planned(topology, listed)
 
 
 async def declare(
@@ -81,14 +97,14 @@ async def declare(
     declared: Declared,
     *,
     remove: bool = False,
-    listed: ListedEntities | None = None,
+    unchanged: bool = False,
     memory: DeclareMemory | None = None,
 ) -> DeclareOutcome:
-    """The topology applied (or removed) on the broker; the failure when there is no usable broker. Nothing is
-    declared when `listed` shows the whole plan as a declare would leave it (and nothing obsolete remains)."""
+    """The topology applied (or removed) on the broker; the failure when there is no usable broker; nothing asked
+    when `unchanged` (shown_unchanged). `memory` keeps whether it was declared clean."""
     if broker is None:
         return DeclareOutcome(topology, failure=unusable)
-    if listed is not None and not declared.obsolete(topology) and not not_as_planned(topology, listed):
+    if unchanged:
         return DeclareOutcome(topology, broker.display, report=Report())
     try:
         report = await broker.declare(topology, declared, remove=remove)
@@ -101,15 +117,9 @@ async def declare(
     return DeclareOutcome(topology, broker.display, report=report)
 
 
-async def claim(
-    broker: ServiceBroker, service: str, claimant: Claimant, listed: ListedEntities | None = None
-) -> Claim | OperatorError:
-    """The claim on the service's topology, made (or confirmed) before anything of it is touched — confirmed by
-    `listed` alone when it shows the claim ours; the failure when the broker could not be asked."""
-    if listed is not None and shown_ours(
-        exchange_arguments(listed, naming.owner_exchange_name(service), "fanout"), claimant
-    ):
-        return Claim()
+async def claim(broker: ServiceBroker, service: str, claimant: Claimant) -> Claim | OperatorError:
+    """The claim on the service's topology, made (or confirmed) before anything of it is touched; the failure when
+    the broker could not be asked."""
     try:
         return await broker.claim(service, claimant)
     except OperatorError as exc:

@@ -113,7 +113,7 @@ def test_what_is_deleted_by_hand_is_back_within_a_resync(
     assert there(channel)
     remove(channel)
     assert not there(channel)
-    # A resync, and a listing no older than half of one; a loaded machine: later.
+    # A resync, and a listing no older than one (about two resyncs); a loaded machine: later.
     eventually(lambda: there(channel), timeout=RESYNC * 5 + 15, message="it did not come back")
 
 

@@ -75,7 +75,19 @@ async def test_an_answer_past_the_bound_is_the_api_unavailable_never_read_whole(
 async def test_the_entities_are_never_waited_for_and_a_listing_that_fails_shows_none() -> None:
     """A resync asks and goes on (declaring) while the listing is made; a failed listing is no listing."""
     answers = {
-        "queues": {"page_count": 1, "items": [{"name": "q", "durable": True, "auto_delete": False, "arguments": {}}]},
+        "queues": {
+            "page_count": 1,
+            "items": [
+                {
+                    "name": "q",
+                    "durable": True,
+                    "auto_delete": False,
+                    "exclusive": False,
+                    "state": "running",
+                    "arguments": {},
+                }
+            ],
+        },
         "exchanges": {"page_count": 1, "items": []},
         "bindings": [],
     }
@@ -97,6 +109,7 @@ async def test_the_entities_are_never_waited_for_and_a_listing_that_fails_shows_
             listed = listing.entities(10)
             assert listed is not None
             assert dict(listed.queues) == {"q": {}}
+            assert listing.entities(10) is listed, "young enough: the same, nothing asked"
             failing = True
             assert listing.entities(0) is None, "older than asked: none, a new one under way"
             await asyncio.sleep(1)

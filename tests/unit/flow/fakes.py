@@ -33,6 +33,7 @@ class FakeEvents:
     def __init__(self) -> None:
         self.problem: str | None = None
         self.login_refused = False
+        self.connected = True
         self.subscriptions: list[Subscription] = []
 
     def subscribe(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics) -> Subscription:
@@ -236,7 +237,10 @@ def listing_of(topology: Topology, claimant: Claimant | None = None) -> dict[str
         name = f"{topology.service}:owner"
         exchanges.append({"name": name, "type": "fanout", "internal": False, "arguments": claimant.arguments(), **kept})
     return {
-        "queues": [{"name": q.name, "arguments": dict(q.arguments), **kept} for q in topology.queues],
+        "queues": [
+            {"name": q.name, "arguments": dict(q.arguments), "exclusive": False, "state": "running", **kept}
+            for q in topology.queues
+        ],
         "exchanges": exchanges,
         "bindings": [
             {"source": "", "destination": q.name, "destination_type": "queue", "routing_key": q.name, "arguments": {}}

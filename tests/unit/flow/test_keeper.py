@@ -112,7 +112,7 @@ def listed(harness: Harness, claimant: Claimant | None = None, **changes: Any) -
 OURS = Claimant(DEFAULT_INSTALLATION_ID, "shop", "billing", "u1")
 
 
-async def test_a_resync_declares_nothing_the_brokers_listing_shows_as_planned() -> None:
+async def test_a_resync_asks_nothing_when_the_brokers_listing_shows_claim_and_plan_as_declared() -> None:
     harness = Harness(resource())
     await harness.reconcile()
     assert (harness.broker.declares, harness.broker.claims_asked) == ([("billing", False)], 1)
@@ -122,18 +122,36 @@ async def test_a_resync_declares_nothing_the_brokers_listing_shows_as_planned() 
     assert harness.condition("Ready") == ("True", "Reconciled")
     assert harness.condition("TopologyReady") == ("True", "Declared")
 
-    harness.broker.listed_answer = listed(harness, Claimant(DEFAULT_INSTALLATION_ID, "shop2", "billing", "u2"))
-    await harness.resync()
-    assert harness.broker.claims_asked == 2, "a claim the listing shows as another's is asked of the broker"
-    assert len(harness.broker.declares) == 1, "ours after all (the fake holds it): the plan is listed intact"
+    # Anything else: claimed and declared, both (a claim confirmed only by a listing never precedes a declare).
+    other = Claimant(DEFAULT_INSTALLATION_ID, "shop2", "billing", "u2")
+    for answer, connected, why in [
+        (listed(harness, other), True, "the claim listed as another's"),
+        (listed(harness, OURS, bindings=[]), True, "a binding missing"),
+        (None, True, "no listing at hand"),
+        (listed(harness, OURS), False, "no AMQP connection open: BrokerReachable must be asked"),
+    ]:
+        harness.broker.listed_answer, harness.broker.events.connected = answer, connected
+        before = (len(harness.broker.declares), harness.broker.claims_asked)
+        await harness.resync()
+        assert (len(harness.broker.declares), harness.broker.claims_asked) == (before[0] + 1, before[1] + 1), why
 
-    harness.broker.listed_answer = listed(harness, OURS, bindings=[])
+
+async def test_a_service_whose_claim_was_lost_is_declared_when_it_is_regained_whatever_the_listing_shows() -> None:
+    """The claim taken by another resource (its exchange deleted by hand first), which is deleted later with its
+    entities: the listing may still show them as planned, but only a declare puts them back."""
+    harness = Harness(resource())
+    await harness.reconcile()
+    other = Claimant(DEFAULT_INSTALLATION_ID, "shop2", "billing", "u2")
+    harness.broker.claims["billing"] = other
+    harness.broker.listed_answer = listed(harness, other)
     await harness.resync()
-    assert len(harness.broker.declares) == 2, "a binding missing: declared"
-    harness.broker.listed_answer = None
+    assert harness.condition("Ready")[1] == "ServiceNameConflict"
+    del harness.broker.claims["billing"]  # the other resource deleted, its entities removed
+    harness.broker.listed_answer = listed(harness, OURS)  # a listing from before they went
+    declares = len(harness.broker.declares)
     await harness.resync()
-    assert len(harness.broker.declares) == 3, "no listing at hand: declared as before"
-    assert harness.broker.claims_asked == 3, "the listing showed the claim ours before the binding went"
+    assert len(harness.broker.declares) == declares + 1
+    assert harness.condition("Ready") == ("True", "Reconciled")
 
 
 async def test_a_resync_after_a_declare_that_was_refused_declares_whatever_the_listing_shows() -> None:

@@ -293,6 +293,11 @@ class EventsConnection:
     def idle(self) -> bool:
         return not self.subscriptions
 
+    @property
+    def connected(self) -> bool:
+        """An AMQP connection to the broker is open now (heartbeats tell within seconds when it is lost)."""
+        return self._session is not None
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -46,10 +47,13 @@ from celery_event_operator.core.topology.listed import (
     entities_of,
 )
 
+logger = logging.getLogger(__name__)
+
 TIMEOUT_SECONDS = 10.0
 # No answer of the API is read past this (a listing of 100,000 bindings is about 12 MB).
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 PAGE_SIZE = 500
+MAX_PAGES = 1000  # 500,000 items: a vhost past that is listed no further (what needs it falls back)
 COLUMNS = "name,messages_ready,messages_unacknowledged,consumers"
 # Counts taken from the queues themselves, not from the statistics (which may be off).
 TOTALS = "disable_stats=true&enable_queue_totals=true"
@@ -105,6 +109,9 @@ class _Cached(Generic[T]):
             found = await self._fetch()
         except ManagementUnavailableError as exc:
             self._error = exc
+        except Exception as exc:  # a bug of ours: no listing, and not asked again back to back
+            logger.exception("a management listing failed unexpectedly")
+            self._error = ManagementUnavailableError(f"the listing failed unexpectedly ({type(exc).__name__})")
         else:
             self._found, self._error = found, None
         self._listed_at = time.monotonic()
@@ -215,6 +222,8 @@ class QueueListing:
         while page <= pages:
             listed = await self._get(f"/api/{kind}/{self._vhost}?page={page}&page_size={PAGE_SIZE}&columns={query}")
             pages = int(listed.get("page_count") or 1)
+            if pages > MAX_PAGES:
+                raise ValueError(f"a listing of more than {MAX_PAGES} pages")
             found += listed.get("items") or ()
             page += 1
         return found
@@ -288,7 +297,16 @@ class QueueListing:
         async def fetch() -> T:
             try:
                 return await listing()
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            except (  # RecursionError: JSON nested past the parser's depth; OverflowError: a count of 1e999
+                aiohttp.ClientError,
+                TimeoutError,
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+                OverflowError,
+                RecursionError,
+            ) as exc:
                 reason = self._address.redact(f"{type(exc).__name__}: {exc}")
                 raise ManagementUnavailableError(f"management API at {self.base_url}: {reason}") from None
 

@@ -21,7 +21,10 @@ from typing import Any
 from celery_event_operator.core.topology.plan import Topology
 
 # What the listings are asked for (`columns=`): everything a redeclare compares, nothing else.
-QUEUE_COLUMNS = "name,durable,auto_delete,arguments"
+QUEUE_COLUMNS = "name,durable,auto_delete,exclusive,state,arguments"
+# A queue in another state (down: its node is away; crashed, stopped, minority) answers a declare with an error.
+# "live": what RabbitMQ 3.x lists for a queue whose statistics have not come yet.
+SERVING_STATES = frozenset({"running", "idle", "flow", "live"})
 EXCHANGE_COLUMNS = "name,type,durable,auto_delete,internal,arguments"
 BINDING_COLUMNS = "source,destination,destination_type,routing_key,arguments"
 
@@ -34,8 +37,9 @@ class ListedExchange:
 
 @dataclasses.dataclass(frozen=True)
 class ListedEntities:
-    """The vhost's durable, not auto-deleted queues (name → arguments) and exchanges (not internal either), and its
-    argument-less bindings to queues (exchange, queue, routing key): the only ones a plan can match."""
+    """The vhost's durable, not auto-deleted queues (name → arguments; not exclusive, and serving) and exchanges (not
+    internal either), and its argument-less bindings to queues (exchange, queue, routing key): the only ones a plan
+    can match."""
 
     queues: Mapping[str, Mapping[str, Any]]
     exchanges: Mapping[str, ListedExchange]
@@ -58,7 +62,10 @@ def entities_of(queues: Any, exchanges: Any, bindings: Any) -> ListedEntities:
         queues={
             item["name"]: item["arguments"]
             for item in _items(queues)
-            if isinstance(item.get("name"), str) and _kept(item)
+            if isinstance(item.get("name"), str)
+            and item.get("exclusive") is False
+            and item.get("state") in SERVING_STATES
+            and _kept(item)
         },
         exchanges={
             item["name"]: ListedExchange(item["type"], item["arguments"])
