@@ -117,7 +117,7 @@ class ServiceKeeper:
         self, body: Mapping[str, Any], pods: PodsOf, annotate: Annotate | None = None, *, resync: bool = False
     ) -> None:
         """Validate, declare the topology, configure the workers, keep the consumer: conditions and Events. A
-        `resync` declares only what the broker's listing does not show as planned (steps.declare)."""
+        `resync` asks the broker nothing when its listing shows claim and plan as declared (steps.shown_unchanged)."""
         async with self.lock:
             if not self._deleting:
                 await self._reconcile(body, pods, annotate, resync)
@@ -158,7 +158,7 @@ class ServiceKeeper:
         if broker is not None:
             claimed = Claim() if unchanged else await steps.claim(broker, found.service, claimant)
         if not isinstance(claimed, Claim) or not claimed.ours:
-            self._declare_memory = steps.DeclareMemory()  # declared afresh once it is known ours again
+            self._declare_memory.clean = None  # declared afresh once it is known ours again
         ownership = None
         if isinstance(claimed, Claim) and broker is not None:
             ownership = OwnershipSeen(found.service, claimant, claimed, broker.display)
@@ -419,7 +419,7 @@ class ServiceKeeper:
         except OperatorError as exc:
             await self._let_go()
             return None, exc, None
-        self._declare_memory = steps.DeclareMemory()  # declared afresh as these settings: their rights may differ
+        self._declare_memory.clean = None  # declared afresh as these settings: their rights may differ
         if self._broker is not None:
             self._logger.info("broker settings of %s changed: moving to %s", self.name, broker.display)
             if self._owner and broker.display != self._broker.display:

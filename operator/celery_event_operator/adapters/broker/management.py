@@ -88,21 +88,26 @@ class _Cached(Generic[T]):
         self._refreshing: asyncio.Task[None] | None = None
 
     async def get(self, max_age: float) -> T:
-        if time.monotonic() - self._listed_at > max_age:
-            if self._refreshing is None or self._refreshing.done():
-                self._refreshing = asyncio.ensure_future(self._refresh())
-            await asyncio.shield(self._refreshing)
+        refreshing = self._refreshed_if_older(max_age)
+        if refreshing is not None:
+            await asyncio.shield(refreshing)
         if self._error is not None:
             raise self._error
         return self._found
 
     def fresh(self, max_age: float) -> T | None:
         """The listing when it is no older than `max_age`, without waiting: else None, and a new one under way."""
-        if time.monotonic() - self._listed_at > max_age:
-            if self._refreshing is None or self._refreshing.done():
-                self._refreshing = asyncio.ensure_future(self._refresh())
+        if self._refreshed_if_older(max_age) is not None:
             return None
         return self._found if self._error is None else None
+
+    def _refreshed_if_older(self, max_age: float) -> asyncio.Task[None] | None:
+        """The listing under way (started now unless one already is) when the last is older than `max_age`."""
+        if time.monotonic() - self._listed_at <= max_age:
+            return None
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh())
+        return self._refreshing
 
     async def _refresh(self) -> None:
         try:
