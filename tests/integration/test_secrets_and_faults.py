@@ -17,6 +17,7 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
+from celery_event_operator.adapters.broker.brokers import CONTROL_LINES
 from celery_event_operator.core import naming
 from tests.conftest import billing_sample
 from tests.support import rabbitmq
@@ -218,7 +219,7 @@ def test_rotated_credentials_are_followed_and_old_connections_closed(
             )
         # The management API lists connections from its statistics: give it a moment.
         eventually(
-            lambda: len(connections_of(rabbitmq_management, user)) <= 2,
+            lambda: len(connections_of(rabbitmq_management, user)) <= 1 + CONTROL_LINES,
             timeout=20,
             message="connections of replaced passwords linger",
         )

@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import socket
 import tempfile
+import threading
 import urllib.parse
 from typing import Any
 
@@ -185,3 +186,49 @@ def test_an_operation_the_broker_does_not_implement_is_unsupported_not_unreachab
     assert control.run(lambda connection: connection.channel().queue_declare("q", passive=True).queue) == "q", (
         "no backoff: the next operation runs at once"
     )
+
+
+def test_queued_work_spreads_over_a_few_lines_that_close_when_idle(
+    test_vhost_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43: a fleet's first declares waited on one connection (about 30 ms of RabbitMQ 4's time each)."""
+    monkeypatch.setattr("celery_event_operator.adapters.broker.control.LINE_IDLE_SECONDS", 0.5)
+    control = ControlConnection(broker_address.parse(test_vhost_url), lines=3)
+
+    def held(connection: Connection) -> int:
+        server_properties(connection)  # a round trip on the line's own connection
+        release.wait(timeout=10)
+        return id(connection)
+
+    async def scenario() -> None:
+        assert await control.run_async(id), "the first line connects alone"
+        assert control.connections == 1, "one at a time: no second line"
+        works = [asyncio.ensure_future(control.run_async(held)) for _ in range(6)]
+        await asyncio.sleep(0.5)
+        assert control.connections == 3, "lent out while the first was busy, up to `lines`"
+        release.set()
+        assert len(set(await asyncio.gather(*works))) == 3, "each line its own connection"
+        await asyncio.sleep(1.0)
+        assert control.connections == 1, "the extra lines closed when idle"
+
+    release = threading.Event()
+    asyncio.run(scenario())
+    control.close()
+
+
+def test_a_broker_that_is_down_gets_one_attempt_however_much_work_queues(
+    test_vhost_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    control = ControlConnection(broker_address.parse(dead_url(test_vhost_url)), lines=4)
+    attempts: list[str] = []
+    connect_to = control._connect_to
+    monkeypatch.setattr(control, "_connect_to", lambda endpoint: attempts.append(endpoint.host) or connect_to(endpoint))
+
+    async def scenario() -> list[BaseException | str]:
+        works = [control.run_async(server_properties) for _ in range(8)]
+        return await asyncio.gather(*works, return_exceptions=True)
+
+    outcomes = asyncio.run(scenario())
+    assert all(isinstance(outcome, BrokerUnavailableError) for outcome in outcomes)
+    assert len(attempts) == 1
+    assert control.connections == 1

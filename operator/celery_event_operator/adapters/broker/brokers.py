@@ -4,7 +4,8 @@ one queue listing, shared by every service that uses it (I/O; the flow's BrokerS
 A service acquires the broker of its current settings and releases it when its settings change (a rotated
 Secret) or it goes; a broker nobody uses any more is closed, so connections of replaced URLs do not linger.
 Two AMQP connections per broker login whatever the number of services: control (a thread of its own) and
-events (the event loop).
+events (the event loop); while declares queue up (a fleet's first minute), control lends work to up to
+CONTROL_LINES connections, each closed after a few idle seconds.
 
 Queue depths come from the broker's one listing of the vhost (shared by every service on it; management API),
 or, without a management API, from passive declares of the service's queues (ready messages only).
@@ -41,6 +42,8 @@ from celery_event_operator.core.topology.plan import Topology
 
 logger = logging.getLogger(__name__)
 
+CONTROL_LINES = 4  # 200 first declares on RabbitMQ 4.3: 6.4 s on one connection, 3.4 s on four
+
 
 class Broker:
     def __init__(self, settings: BrokerSettings) -> None:
@@ -48,7 +51,7 @@ class Broker:
         self.key = settings.key
         material = settings.tls
         self._tls = TlsFiles.of(material)
-        self.control = ControlConnection(settings.address, self._tls)
+        self.control = ControlConnection(settings.address, self._tls, lines=CONTROL_LINES)
         self.events = EventsConnection(settings.address, self._tls, logger)
         self.listing = QueueListing(settings.address, settings.management_url, self._tls)
         self.users = 0

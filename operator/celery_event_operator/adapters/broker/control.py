@@ -5,6 +5,11 @@ own (a single-thread executor, not a shared pool): every service on that broker 
 the event loop never waits on a socket. A broker that hangs holds up only its own services. A failed
 connection is dropped and the next attempt waits for an exponential backoff, so a hundred services on a
 broker that is down cost one connection attempt per backoff period, not a hundred connect timeouts.
+
+While work queues up (a fleet's first declares: about 30 ms of RabbitMQ 4's time each, much of it waiting on
+its metadata store), a connection may open a few more lines — a connection and a thread each, up to `lines` —
+and the work goes to the least busy; a line that gets no work for LINE_IDLE_SECONDS closes. Only a connected
+first line lends work to others, so a broker that is down still costs one attempt per backoff period.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ T = TypeVar("T")
 CONNECT_TIMEOUT_SECONDS = 5.0
 OPERATION_TIMEOUT_SECONDS = 10.0
 CONNECTION_NAME = "celery-event-operator"
+LINE_IDLE_SECONDS = 10.0  # an extra line closes once no work came to it for this long
 
 # What a lost or refused connection raises (channel-level errors are the caller's business).
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -51,6 +57,37 @@ logger = logging.getLogger(__name__)
 amqp_tables.install()  # the broker's server properties (connection.start) are a table too
 
 
+class _Line:
+    """One AMQP connection of a broker's control and the one thread that uses it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()  # `run` may also be called from other threads (the command line)
+        self.connection: Connection | None = None
+        self.queued = 0  # works handed to its thread and not finished (counted on the event loop)
+        self.handed = 0  # works ever handed to it: an idle line is retired only if none came since
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @property
+    def executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+        return self._executor
+
+    def drop(self) -> None:
+        if self.connection is not None:
+            with contextlib.suppress(*CONNECTION_ERRORS):  # it is gone either way
+                self.connection.release()
+            self.connection = None
+
+    def close(self) -> None:
+        with self.lock:
+            self.drop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+
 class ControlConnection:
     def __init__(
         self,
@@ -58,50 +95,87 @@ class ControlConnection:
         tls: TlsFiles | None = None,
         clock: Callable[[], float] = time.monotonic,
         heartbeat: float = 0,
+        lines: int = 1,
     ) -> None:
         self.address = address
         self._tls = tls
         self._clock = clock
         self._heartbeat = heartbeat  # for work that keeps the connection busy (a replay): the broker sees it die
-        self._lock = threading.Lock()  # `run` may also be called from other threads (the command line)
-        self._connection: Connection | None = None
+        self._most_lines = lines
+        self._lines = [_Line(f"broker {address.display}")]
+        self._failure = threading.Lock()  # the backoff is shared by the lines' threads
         self._backoff = Backoff()
         self._last_error = ""
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.server_version: str | None = None  # as the broker said when last connected
 
+    @property
+    def connections(self) -> int:
+        """Lines open now (each one AMQP connection once used)."""
+        return len(self._lines)
+
     async def run_async(self, work: Callable[[Connection], T]) -> T:
-        """`run` on this broker's own thread."""
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"broker {self.address.display}"
+        """`run` on one of this broker's own threads: the first line's, or another while every line is busy."""
+        line = self._line_for_next()
+        line.queued += 1
+        line.handed += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                line.executor, functools.partial(self._run_on, line, work)
             )
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(self.run, work))
+        finally:
+            line.queued -= 1
+            if line is not self._lines[0] and line.queued == 0:
+                asyncio.get_running_loop().call_later(LINE_IDLE_SECONDS, self._retire_if_idle, line, line.handed)
+
+    def _line_for_next(self) -> _Line:
+        first = self._lines[0]
+        if first.connection is None:
+            # Not connected (or the broker is down): one line tries, so a broker that is down costs one
+            # connection attempt per backoff period, not one per line.
+            return first
+        least = min(self._lines, key=lambda line: line.queued)
+        if least.queued == 0 or len(self._lines) >= self._most_lines:
+            return least
+        line = _Line(f"broker {self.address.display} ({len(self._lines) + 1})")
+        self._lines.append(line)
+        return line
+
+    def _retire_if_idle(self, line: _Line, handed: int) -> None:
+        """An extra line closes once no work came to it for LINE_IDLE_SECONDS (bursts end; connections too)."""
+        if line.handed == handed and line.queued == 0 and line in self._lines:
+            self._lines.remove(line)
+            line.close()
 
     def run(self, work: Callable[[Connection], T]) -> T:
-        """Run `work` with the broker's connection; reconnect once if a kept connection went stale."""
-        with self._lock:
-            if self._backoff.waiting(self._clock()):
-                raise BrokerUnavailableError(self._last_error)  # no attempt within the backoff
+        """Run `work` with the first line's connection (on the caller's thread)."""
+        return self._run_on(self._lines[0], work)
+
+    def _run_on(self, line: _Line, work: Callable[[Connection], T]) -> T:
+        """Run `work` with the line's connection; reconnect once if a kept connection went stale."""
+        with line.lock:
+            with self._failure:
+                if self._backoff.waiting(self._clock()):
+                    raise BrokerUnavailableError(self._last_error)  # no attempt within the backoff
             for attempt in (1, 2):
-                fresh = self._connection is None
+                fresh = line.connection is None
                 try:
-                    if self._connection is None:
-                        self._connection = self._connect()
-                    result = work(self._connection)
+                    if line.connection is None:
+                        line.connection = self._connect()
+                    result = work(line.connection)
                 except amqp.exceptions.AMQPNotImplementedError as exc:
                     # The broker cannot do it (and closed the connection): no retry, no backoff, its own reason.
-                    self._drop()
+                    line.drop()
                     raise UnsupportedOperationError(
                         f"the broker does not support an operation: {exc.reply_text}"
                     ) from None
                 except CONNECTION_ERRORS as exc:
-                    self._drop()
+                    line.drop()
                     if fresh or attempt == 2:
                         self._fail(exc)
                         raise BrokerUnavailableError(self._last_error) from None
                     continue  # the kept connection died since last use: one fresh try
-                self._backoff.succeeded()
+                with self._failure:
+                    self._backoff.succeeded()
                 return result
             raise AssertionError("unreachable: the loop returns or raises")
 
@@ -143,22 +217,14 @@ class ControlConnection:
         self.server_version = version.decode() if isinstance(version, bytes) else version
         return connection
 
-    def _drop(self) -> None:
-        if self._connection is not None:
-            with contextlib.suppress(*CONNECTION_ERRORS):  # it is gone either way
-                self._connection.release()
-            self._connection = None
-
     def _fail(self, exc: BaseException) -> None:
-        delay = self._backoff.failed(self._clock())
         reason = self.address.redact(f"{type(exc).__name__}: {exc}")
-        # The message stays the same while the failure does (one Event per failure); the countdown is logged.
-        self._last_error = f"cannot reach the broker at {self.address.display}: {reason}"
+        with self._failure:
+            delay = self._backoff.failed(self._clock())
+            # The message stays the same while the failure does (one Event per failure); the countdown is logged.
+            self._last_error = f"cannot reach the broker at {self.address.display}: {reason}"
         logger.warning("%s; next attempt in %.0fs", self._last_error, delay)
 
     def close(self) -> None:
-        with self._lock:
-            self._drop()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+        for line in self._lines:
+            line.close()
