@@ -14,16 +14,21 @@ from celery_event_operator.core.broker.address import parse
 from celery_event_operator.core.errors import ManagementUnavailableError
 
 
-async def test_a_page_that_is_not_the_apis_answer_is_the_api_unavailable_and_shows_no_secret() -> None:
+@pytest.mark.parametrize(
+    "answer",
+    [["a list of texts where the API lists objects"], {"items": [], "page_count": 1}, "text", 7, None],
+    ids=["texts", "object", "string", "number", "null"],
+)
+async def test_a_page_that_is_not_the_apis_answer_is_the_api_unavailable_and_shows_no_secret(answer: object) -> None:
     async def proxy_page(_: aiohttp.web.Request) -> aiohttp.web.Response:
-        return aiohttp.web.json_response(["a list where the API answers an object"])
+        return aiohttp.web.json_response(answer)
 
     app = aiohttp.web.Application()
     app.router.add_get("/{tail:.*}", proxy_page)
     async with TestServer(app) as server:
         listing = QueueListing(parse("amqp://user:s3cret@127.0.0.1:5672/shop"), str(server.make_url("")), None)
         try:
-            for listed in (listing.queues, listing.consumers):
+            for listed in (listing.queues, listing.consumers, listing.holdings):
                 with pytest.raises(ManagementUnavailableError) as raised:
                     await listed(0)
                 assert "s3cret" not in str(raised.value)
@@ -75,20 +80,17 @@ async def test_an_answer_past_the_bound_is_the_api_unavailable_never_read_whole(
 async def test_the_entities_are_never_waited_for_and_a_listing_that_fails_shows_none() -> None:
     """A resync asks and goes on (declaring) while the listing is made; a failed listing is no listing."""
     answers = {
-        "queues": {
-            "page_count": 1,
-            "items": [
-                {
-                    "name": "q",
-                    "durable": True,
-                    "auto_delete": False,
-                    "exclusive": False,
-                    "state": "running",
-                    "arguments": {},
-                }
-            ],
-        },
-        "exchanges": {"page_count": 1, "items": []},
+        "queues": [
+            {
+                "name": "q",
+                "durable": True,
+                "auto_delete": False,
+                "exclusive": False,
+                "state": "running",
+                "arguments": {},
+            }
+        ],
+        "exchanges": [],
         "bindings": [],
     }
     failing = False
