@@ -15,7 +15,7 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator.adapters.broker.brokers import CONTROL_LINES
+from celery_event_operator.adapters.broker.control import LINE_IDLE_SECONDS
 from celery_event_operator.core import naming
 from celery_event_operator.core.options import shard_of
 from tests.support import rabbitmq
@@ -202,11 +202,11 @@ def test_thirty_services_each_keep_status_metrics_and_autoscaling_and_none_waits
             message="not every service has live metrics",
         )
         # The management API lists a closed connection (the test's publishers') for a moment after it closed.
-        # Events on one connection; control on one, lending work to a few more while it queues up.
+        # Control lends work to a few more connections while it queues up; they close when idle.
         eventually(
-            lambda: len(rabbitmq_management.connections(test_vhost)) <= 1 + CONTROL_LINES,
-            timeout=rabbitmq.STATS_LAG_SECONDS + 10,
-            message="more connections than events and control's lines, whatever the number of services",
+            lambda: len(rabbitmq_management.connections(test_vhost)) <= 2,
+            timeout=rabbitmq.STATS_LAG_SECONDS + LINE_IDLE_SECONDS + 10,
+            message="more than the operator's two connections",
         )
     finally:
         operator.stop()

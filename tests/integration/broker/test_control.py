@@ -232,3 +232,27 @@ def test_a_broker_that_is_down_gets_one_attempt_however_much_work_queues(
     assert all(isinstance(outcome, BrokerUnavailableError) for outcome in outcomes)
     assert len(attempts) == 1
     assert control.connections == 1
+
+
+def test_a_connection_limit_keeps_the_work_on_the_first_line(
+    test_vhost_url: str, test_vhost: str, rabbitmq_management: rabbitmq.Management, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A vhost (or user) limited to one connection: a further line is refused; its work is done on the first,
+    the broker is not reported unreachable, and no further line is tried for a while."""
+    rabbitmq_management.request(
+        "PUT", f"/vhost-limits/{rabbitmq_management.vhost_path(test_vhost)}/max-connections", {"value": 1}
+    )
+    control = ControlConnection(broker_address.parse(test_vhost_url), lines=3)
+
+    async def scenario() -> list[str]:
+        await control.run_async(server_properties)  # the first line connects
+        works = [control.run_async(server_properties) for _ in range(6)]
+        done = await asyncio.gather(*works)
+        await asyncio.gather(*(control.run_async(server_properties) for _ in range(6)))  # within the pause
+        return done
+
+    assert asyncio.run(scenario()) == ["RabbitMQ"] * 6, "every work done, none reported unreachable"
+    assert control.connections == 1, "the refused line is gone and no other was opened"
+    refusals = [record for record in caplog.records if "a further connection" in record.getMessage()]
+    assert 1 <= len(refusals) <= 2, "each further line opened in the burst tried once, then none for the pause"
+    control.close()

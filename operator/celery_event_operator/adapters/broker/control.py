@@ -1,15 +1,18 @@
 """The control connection of one broker: declaring, repairing and inspecting topology (kombu / py-amqp).
 
-kombu and py-amqp block and are not thread-safe, so each broker's control connection has a thread of its
-own (a single-thread executor, not a shared pool): every service on that broker queues its work there and
-the event loop never waits on a socket. A broker that hangs holds up only its own services. A failed
-connection is dropped and the next attempt waits for an exponential backoff, so a hundred services on a
-broker that is down cost one connection attempt per backoff period, not a hundred connect timeouts.
+kombu and py-amqp block and are not thread-safe, so each broker's control connection has a thread of its own (a
+single-thread executor, not a shared pool): every service on that broker queues its work there (or on one of its
+few extra lines, below) and the event loop never waits on a socket. A broker that hangs holds up only its own
+services. A failed connection is dropped and the next attempt waits for an exponential backoff, so a hundred
+services on a broker that is down cost one connection attempt per backoff period, not a hundred connect
+timeouts.
 
 While work queues up (a fleet's first declares: about 30 ms of RabbitMQ 4's time each, much of it waiting on
 its metadata store), a connection may open a few more lines — a connection and a thread each, up to `lines` —
 and the work goes to the least busy; a line that gets no work for LINE_IDLE_SECONDS closes. Only a connected
-first line lends work to others, so a broker that is down still costs one attempt per backoff period.
+first line lends work to others, and an extra line that cannot connect (a user's or vhost's connection limit, a
+broker going down) hands its work back to the first and stops the lending for LEND_PAUSE_SECONDS: the first
+line alone decides the backoff, so a broker that is down still costs one attempt per backoff period.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 OPERATION_TIMEOUT_SECONDS = 10.0
 CONNECTION_NAME = "celery-event-operator"
 LINE_IDLE_SECONDS = 10.0  # an extra line closes once no work came to it for this long
+LEND_PAUSE_SECONDS = 60.0  # after an extra line failed to connect, none is opened for this long
 
 # What a lost or refused connection raises (channel-level errors are the caller's business).
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -66,6 +70,7 @@ class _Line:
         self.connection: Connection | None = None
         self.queued = 0  # works handed to its thread and not finished (counted on the event loop)
         self.handed = 0  # works ever handed to it: an idle line is retired only if none came since
+        self.refused = False  # an extra line whose connection failed: its work went to the first line
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
@@ -80,12 +85,18 @@ class _Line:
                 self.connection.release()
             self.connection = None
 
-    def close(self) -> None:
+    def _drop_held(self) -> None:
         with self.lock:
             self.drop()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+
+    def close(self) -> None:
+        """Dropped on its own thread once the work in flight is done: the event loop never waits on the broker."""
+        if self._executor is None:
+            self._drop_held()  # never used from the event loop (the command line's `run`)
+            return
+        self._executor.submit(self._drop_held)
+        self._executor.shutdown(wait=False)
+        self._executor = None
 
 
 class ControlConnection:
@@ -102,8 +113,10 @@ class ControlConnection:
         self._clock = clock
         self._heartbeat = heartbeat  # for work that keeps the connection busy (a replay): the broker sees it die
         self._most_lines = lines
-        self._lines = [_Line(f"broker {address.display}")]
-        self._failure = threading.Lock()  # the backoff is shared by the lines' threads
+        self._first = _Line(f"broker {address.display}")
+        self._lines = [self._first]
+        self._failure = threading.Lock()  # the backoff and the lending pause are shared by the lines' threads
+        self._lend_after = 0.0  # no further line before this time: one failed to connect (a connection limit?)
         self._backoff = Backoff()
         self._last_error = ""
         self.server_version: str | None = None  # as the broker said when last connected
@@ -124,12 +137,17 @@ class ControlConnection:
             )
         finally:
             line.queued -= 1
-            if line is not self._lines[0] and line.queued == 0:
+            if line is not self._first and line.queued == 0:
                 asyncio.get_running_loop().call_later(LINE_IDLE_SECONDS, self._retire_if_idle, line, line.handed)
 
     def _line_for_next(self) -> _Line:
-        first = self._lines[0]
-        if first.connection is None:
+        for refused in [line for line in self._lines if line.refused]:
+            self._lines.remove(refused)
+            refused.close()
+        first = self._first
+        with self._failure:
+            pausing = self._clock() < self._lend_after
+        if first.connection is None or pausing:
             # Not connected (or the broker is down): one line tries, so a broker that is down costs one
             # connection attempt per backoff period, not one per line.
             return first
@@ -148,7 +166,7 @@ class ControlConnection:
 
     def run(self, work: Callable[[Connection], T]) -> T:
         """Run `work` with the first line's connection (on the caller's thread)."""
-        return self._run_on(self._lines[0], work)
+        return self._run_on(self._first, work)
 
     def _run_on(self, line: _Line, work: Callable[[Connection], T]) -> T:
         """Run `work` with the line's connection; reconnect once if a kept connection went stale."""
@@ -156,6 +174,9 @@ class ControlConnection:
             with self._failure:
                 if self._backoff.waiting(self._clock()):
                     raise BrokerUnavailableError(self._last_error)  # no attempt within the backoff
+                pausing = self._clock() < self._lend_after
+            if line is not self._first and line.connection is None and (line.refused or pausing):
+                return self._run_on(self._first, work)  # a further line failed to connect meanwhile: not tried again
             for attempt in (1, 2):
                 fresh = line.connection is None
                 try:
@@ -170,6 +191,9 @@ class ControlConnection:
                     ) from None
                 except CONNECTION_ERRORS as exc:
                     line.drop()
+                    if (fresh or attempt == 2) and line is not self._first:
+                        self._stop_lending(line, exc)
+                        break  # the first line judges: it backs off, or does the work
                     if fresh or attempt == 2:
                         self._fail(exc)
                         raise BrokerUnavailableError(self._last_error) from None
@@ -177,7 +201,22 @@ class ControlConnection:
                 with self._failure:
                     self._backoff.succeeded()
                 return result
-            raise AssertionError("unreachable: the loop returns or raises")
+        return self._run_on(self._first, work)
+
+    def _stop_lending(self, line: _Line, exc: BaseException) -> None:
+        """An extra line failed to connect: a connection limit of the user or vhost, or the broker going down.
+        Its work goes to the first line, which alone decides the backoff; no further line for a while."""
+        line.refused = True
+        with self._failure:
+            self._lend_after = self._clock() + LEND_PAUSE_SECONDS
+        reason = self.address.redact(f"{type(exc).__name__}: {exc}")
+        logger.warning(
+            "a further connection to the broker at %s failed (%s): its declares go through the first one, "
+            "no further connection for %.0fs",
+            self.address.display,
+            reason,
+            LEND_PAUSE_SECONDS,
+        )
 
     def _connect(self) -> Connection:
         """One pass over the failover list (shuffled with `shuffle`); the last endpoint's failure is raised."""
