@@ -256,3 +256,23 @@ def test_a_connection_limit_keeps_the_work_on_the_first_line(
     refusals = [record for record in caplog.records if "a further connection" in record.getMessage()]
     assert 1 <= len(refusals) <= 2, "each further line opened in the burst tried once, then none for the pause"
     control.close()
+
+
+def test_work_after_close_opens_no_connection(
+    test_vhost_url: str, test_vhost: str, rabbitmq_management: rabbitmq.Management
+) -> None:
+    """A work that comes after the broker was let go (its services gone) must not open a connection nobody closes."""
+    control = ControlConnection(broker_address.parse(test_vhost_url), lines=2)
+
+    async def scenario() -> None:
+        assert await control.run_async(server_properties) == "RabbitMQ"
+        control.close()
+        with pytest.raises(BrokerUnavailableError, match="closed"):
+            await control.run_async(server_properties)
+
+    asyncio.run(scenario())
+    eventually(
+        lambda: rabbitmq_management.connections(test_vhost) == [],
+        timeout=rabbitmq.STATS_LAG_SECONDS + 10,
+        message="a connection outlived close()",
+    )

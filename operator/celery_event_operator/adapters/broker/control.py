@@ -117,6 +117,7 @@ class ControlConnection:
         self._lines = [self._first]
         self._failure = threading.Lock()  # the backoff and the lending pause are shared by the lines' threads
         self._lend_after = 0.0  # no further line before this time: one failed to connect (a connection limit?)
+        self._closed = False
         self._backoff = Backoff()
         self._last_error = ""
         self.server_version: str | None = None  # as the broker said when last connected
@@ -175,7 +176,10 @@ class ControlConnection:
                 if self._backoff.waiting(self._clock()):
                     raise BrokerUnavailableError(self._last_error)  # no attempt within the backoff
                 pausing = self._clock() < self._lend_after
+            if self._closed:  # a work that came after close() must not open a connection nobody closes
+                raise BrokerUnavailableError(f"the connection to the broker at {self.address.display} was closed")
             if line is not self._first and line.connection is None and (line.refused or pausing):
+                line.refused = True  # never connected: retired at the next hand-out, not kept as an empty line
                 return self._run_on(self._first, work)  # a further line failed to connect meanwhile: not tried again
             for attempt in (1, 2):
                 fresh = line.connection is None
@@ -265,5 +269,6 @@ class ControlConnection:
         logger.warning("%s; next attempt in %.0fs", self._last_error, delay)
 
     def close(self) -> None:
+        self._closed = True
         for line in self._lines:
             line.close()
