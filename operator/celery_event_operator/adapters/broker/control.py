@@ -195,13 +195,13 @@ class ControlConnection:
                     ) from None
                 except CONNECTION_ERRORS as exc:
                     line.drop()
-                    if (fresh or attempt == 2) and line is not self._first:
+                    if not fresh and attempt == 1:
+                        continue  # the kept connection died since last use: one fresh try
+                    if line is not self._first:
                         self._stop_lending(line, exc)
                         break  # the first line judges: it backs off, or does the work
-                    if fresh or attempt == 2:
-                        self._fail(exc)
-                        raise BrokerUnavailableError(self._last_error) from None
-                    continue  # the kept connection died since last use: one fresh try
+                    self._fail(exc)
+                    raise BrokerUnavailableError(self._last_error) from None
                 with self._failure:
                     self._backoff.succeeded()
                 return result
