@@ -141,7 +141,8 @@ class FaultProxy:
                     return response
                 try:
                     # A watch is looked at every half second: one made before the window is cut in it too.
-                    chunk = await asyncio.wait_for(upstream.content.readany(), 0.5 if watch else None)
+                    async with asyncio.timeout(0.5 if watch else None):
+                        chunk = await upstream.content.readany()
                 except TimeoutError:
                     continue
                 except aiohttp.ClientError:

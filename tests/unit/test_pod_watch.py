@@ -76,7 +76,8 @@ async def test_a_watch_too_old_lists_again_and_a_failure_is_retried(monkeypatch:
     await asyncio.sleep(0.1)
     assert not waiting.done(), "a pass must not read the pods before they were listed"
     api.first_listing.set()
-    await asyncio.wait_for(waiting, 5)
+    async with asyncio.timeout(5):
+        await waiting
     pods_of = watch.of("shop")
     await eventually(lambda: api.watched == ["10", "15", "20", "30"])
     await eventually(lambda: [found.name for found in pods_of("billing")] == ["c"])

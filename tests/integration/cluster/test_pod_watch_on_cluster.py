@@ -47,7 +47,8 @@ async def test_the_pods_are_listed_then_each_change_is_seen(
     watch = PodWatch(KubeApi.from_environment(), (namespace,), gone.append)
     watch.start()
     try:
-        await asyncio.wait_for(watch.listed(), 30)
+        async with asyncio.timeout(30):
+            await watch.listed()
         of = watch.of(namespace)
 
         def names(service: str = "billing") -> list[str]:

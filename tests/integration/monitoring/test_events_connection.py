@@ -251,6 +251,46 @@ def test_an_unsubscribed_service_stops_consuming_and_the_last_one_closes_the_con
     eventually(lambda: rabbitmq_management.connections(test_vhost) == [], timeout=10)
 
 
+def connection_tasks() -> list[asyncio.Task[Any]]:
+    return [task for task in asyncio.all_tasks() if task.get_name().startswith("events connection")]
+
+
+@pytest.mark.parametrize("replies", [1, 2, 3, 4, 5, 6])
+def test_a_close_in_the_step_a_broker_reply_lands_ends_the_connection(
+    replies: int,
+    monkeypatch: pytest.MonkeyPatch,
+    test_vhost_url: str,
+    rabbitmq_management: rabbitmq.Management,
+    test_vhost: str,
+) -> None:
+    """close() cancels the connection's task. A cancel made in the step a broker reply finished the awaited future
+    was lost (Python 3.11's wait_for returned the reply instead): the connection consumed on and its close() never
+    returned — a deletion waited 30 s behind it, once in twenty. A close() from another task lands in that step
+    only by chance; here the cancel is made from data_received itself, after the `replies`-th answer (connection
+    start, tune, open, the channels, the declare)."""
+    original = events_connection._Session.data_received
+    seen = 0
+
+    def cancelling(session: Any, data: bytes) -> None:
+        nonlocal seen
+        original(session, data)
+        seen += 1
+        if seen == replies:
+            for task in connection_tasks():
+                task.cancel()
+
+    monkeypatch.setattr(events_connection._Session, "data_received", cancelling)
+    subject = Running(test_vhost_url)
+    try:
+        eventually(lambda: seen >= replies, timeout=10, message="the broker answered less than that")
+        eventually(lambda: subject.call(connection_tasks) == [], timeout=10, message="the cancelled connection ran on")
+        assert subject.connection.connected is False
+    finally:
+        subject.finish()
+    assert consumers(test_vhost_url) == 0
+    eventually(lambda: rabbitmq_management.connections(test_vhost) == [], timeout=10)
+
+
 def test_consumer_comes_back_when_the_broker_drops_its_connection(
     running: Running, test_vhost_url: str, rabbitmq_management: rabbitmq.Management, test_vhost: str
 ) -> None:

@@ -183,7 +183,8 @@ class Stopped:
 
     async def wait(self, timeout: float | None = None) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.event.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.event.wait()
 
 
 async def test_the_daemon_resyncs_when_asked_and_ends_as_soon_as_it_is_stopped() -> None:
@@ -198,7 +199,8 @@ async def test_the_daemon_resyncs_when_asked_and_ends_as_soon_as_it_is_stopped()
         await asyncio.sleep(0.05)
     assert len(harness.broker.declares) == declares + 3
     stopped.event.set()
-    await asyncio.wait_for(running, timeout=1)
+    async with asyncio.timeout(1):
+        await running
     assert harness.brokers.users == 0, "closed: the broker let go"
 
 

@@ -192,7 +192,8 @@ class _Session(asyncio.Protocol):
         self._waiting[channel].append(future)
         self.send(channel, method, signature, arguments)
         try:
-            got, payload = await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                got, payload = await future
         except TimeoutError:
             raise TimeoutError(f"no answer from the broker to method {method} within {timeout:.0f}s") from None
         if got != reply:
@@ -377,21 +378,20 @@ class EventsConnection:
         ssl_context = None
         if endpoint.tls:  # the chain and the host name are verified (the system's CAs without ca.crt)
             ssl_context = client_context(self._tls)
-        _, session = await asyncio.wait_for(
-            loop.create_connection(
+        async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+            _, session = await loop.create_connection(
                 lambda: _Session(self.routes, self._cancelled_by_broker),
                 endpoint.host,
                 endpoint.port,
                 ssl=ssl_context,
                 server_hostname=endpoint.host if ssl_context is not None else None,
-            ),
-            CONNECT_TIMEOUT_SECONDS,
-        )
+            )
         try:
             # (asyncio sets TCP_NODELAY on its TCP transports itself.)
             started = session.expect(0, frames.CONNECTION_START)
             session.write(frames.PROTOCOL_HEADER)
-            await asyncio.wait_for(started, CONNECT_TIMEOUT_SECONDS)
+            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                await started
             properties = {
                 "product": "celery-event-operator",
                 "capabilities": CLIENT_CAPABILITIES,

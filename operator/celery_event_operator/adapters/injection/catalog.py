@@ -119,14 +119,17 @@ class InjectionCatalog:
             with contextlib.suppress(TimeoutError):
                 # A listing under way may have begun before the change: the one that counts begins after it.
                 if known.listing is not None:
-                    await asyncio.wait_for(asyncio.shield(known.listing), MISS_WAIT_SECONDS)
-                await asyncio.wait_for(asyncio.shield(self._list(namespace, known)), MISS_WAIT_SECONDS)
+                    async with asyncio.timeout(MISS_WAIT_SECONDS):
+                        await asyncio.shield(known.listing)
+                async with asyncio.timeout(MISS_WAIT_SECONDS):
+                    await asyncio.shield(self._list(namespace, known))
             return known.injections.get(service, found)
         if known.listing is None and now - known.read_at > MISS_REFRESH_SECONDS:
             self._list(namespace, known)
         if known.listing is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(known.listing), MISS_WAIT_SECONDS)
+                async with asyncio.timeout(MISS_WAIT_SECONDS):
+                    await asyncio.shield(known.listing)
         return known.injections.get(service)
 
     def _list(self, namespace: str, known: _Namespace) -> asyncio.Task[None]:
