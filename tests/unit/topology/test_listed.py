@@ -147,3 +147,12 @@ def test_any_answer_is_read_without_an_error(queues: Any, exchanges: Any, bindin
     listed = entities_of(queues, exchanges, bindings)
     not_as_planned(TOPOLOGY, listed)
     shown_ours(exchange_arguments(listed, "billing:owner", "fanout"), OURS)
+
+
+def test_the_default_exchanges_implicit_bindings_are_left_out() -> None:
+    """RabbitMQ lists one per queue (half the listing) and refuses any other binding of "": no plan has one."""
+    implicit = {"source": "", "destination": "billing.order", "destination_type": "queue", "arguments": {}}
+    listed = entities_of([], [], [{**implicit, "routing_key": "billing.order"}, *LISTING["bindings"]])
+    assert ("", "billing.order", "billing.order") not in listed.bindings
+    assert listed.bindings == entities_of([], [], LISTING["bindings"]).bindings
+    assert not_as_planned(TOPOLOGY, entities_of(LISTING["queues"], LISTING["exchanges"], LISTING["bindings"])) == []
