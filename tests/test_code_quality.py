@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import subprocess
 import sys
@@ -41,6 +42,14 @@ def test_import_layers() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_flows_fakes_import_no_adapter() -> None:
+    """They stand for the ports (mypy checks them against each Protocol), not for what implements them."""
+    tree = ast.parse((REPO / "tests/unit/flow/fakes.py").read_text())
+    imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert [name for name in imported if name.startswith("celery_event_operator.adapters")] == []
 
 
 def test_the_e2e_suite_collects() -> None:

@@ -1,5 +1,8 @@
-"""Fakes of the flow's ports (flow/ports.py): a broker and a Kubernetes API that record what a keeper asks of them
-and answer as told; the status written goes into the body, as the API server and the watch would bring it back."""
+"""Fakes of the flow's ports (flow/ports.py, flow/replay_ports.py): brokers and a Kubernetes API that record what a
+keeper asks of them and answer as told; the status written goes into the body, as the API server and the watch
+would bring it back.
+They stand for the ports, not for the adapters (none is imported here): mypy checks this module (pyproject.toml)
+and the assignments at its end to each port's Protocol."""
 
 from __future__ import annotations
 
@@ -7,26 +10,44 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from celery_event_operator.adapters.broker.events_connection import Subscription
-from celery_event_operator.adapters.monitoring.collector import MetricsRegistry
 from celery_event_operator.core.api.models import CeleryEventServiceSpec, ScaleTargetRef
+from celery_event_operator.core.archive.messages import Archived, Selection
 from celery_event_operator.core.broker import address as broker_address
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
-from celery_event_operator.core.errors import KubeError, OperatorError
+from celery_event_operator.core.errors import KubeError, NotFoundError, OperatorError
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
+from celery_event_operator.core.monitoring.bounds import DEFAULT_SETTINGS, series_settings
+from celery_event_operator.core.monitoring.consumer import CONNECTING, EventsSubscription
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.options import OperatorOptions
+from celery_event_operator.core.replay.conclusion import ArchiveSeen
 from celery_event_operator.core.scaling.depths import QueueDepth
 from celery_event_operator.core.service.ownership import Claim, Claimant, Holder
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.listed import ListedEntities
 from celery_event_operator.core.topology.outcome import Report
 from celery_event_operator.core.topology.plan import Topology
+from celery_event_operator.flow.ports import (
+    BrokerSource,
+    ClusterAccess,
+    EventsFeed,
+    KeeperContext,
+    MetricsStore,
+    ServiceBroker,
+)
+from celery_event_operator.flow.replay_ports import ReplayApi, ReplayBroker, ReplayContext
 
 ADDRESS = broker_address.parse("amqp://user:secret@broker.example:5672/shop")
 SETTINGS = BrokerSettings(ADDRESS, TlsMaterial(), ADDRESS.management_url())
+
+
+@dataclasses.dataclass
+class FakeSubscription:
+    queue: str
+    tag: bytes
+    problem: str | None = CONNECTING  # as a consumer begins: its connection not made yet
 
 
 class FakeEvents:
@@ -34,14 +55,14 @@ class FakeEvents:
         self.problem: str | None = None
         self.login_refused = False
         self.connected = True
-        self.subscriptions: list[Subscription] = []
+        self.subscriptions: list[EventsSubscription] = []
 
-    def subscribe(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics) -> Subscription:
-        subscription = Subscription(name, queue, exchange, metrics, f"tag-{len(self.subscriptions)}".encode())
+    def subscribe(self, name: str, queue: str, exchange: str, metrics: ServiceMetrics) -> EventsSubscription:
+        subscription = FakeSubscription(queue, f"tag-{len(self.subscriptions)}".encode())
         self.subscriptions.append(subscription)
         return subscription
 
-    def unsubscribe(self, subscription: Subscription) -> None:
+    def unsubscribe(self, subscription: EventsSubscription) -> None:
         self.subscriptions.remove(subscription)
 
 
@@ -192,12 +213,47 @@ class FakeCluster:
         return [found for found in self.calls if found[0] == call]
 
 
+class FakeMetrics:
+    """The services' metrics (core's ServiceMetrics, as the registry makes them), and what a keeper reports."""
+
+    def __init__(self) -> None:
+        self.services: dict[tuple[str, str], ServiceMetrics] = {}
+        self.status_passes: dict[tuple[str, str], float] = {}  # (namespace, resource) → its interval
+        self.reconciles = {"success": 0, "failure": 0}
+
+    def service(
+        self, namespace: str, service: str, per_pod: bool | None = None, max_task_names: int | None = None
+    ) -> ServiceMetrics:
+        settings = series_settings(per_pod, max_task_names, DEFAULT_SETTINGS)
+        found = self.services.get((namespace, service))
+        if found is None:
+            found = self.services[(namespace, service)] = ServiceMetrics(namespace, service, settings=settings)
+        else:
+            found.configure(settings)
+        return found
+
+    def find(self, namespace: str, service: str) -> ServiceMetrics | None:
+        return self.services.get((namespace, service))
+
+    def remove(self, namespace: str, service: str) -> None:
+        self.services.pop((namespace, service), None)
+
+    def status_refreshed(self, namespace: str, name: str, interval: float) -> None:
+        self.status_passes[(namespace, name)] = interval
+
+    def forget_status(self, namespace: str, name: str) -> None:
+        self.status_passes.pop((namespace, name), None)
+
+    def count_reconcile(self, succeeded: bool) -> None:
+        self.reconciles["success" if succeeded else "failure"] += 1
+
+
 @dataclasses.dataclass
 class FakeContext:
     cluster: FakeCluster
     brokers: FakeBrokers
     options: OperatorOptions = dataclasses.field(default_factory=OperatorOptions)
-    metrics: MetricsRegistry = dataclasses.field(default_factory=MetricsRegistry)
+    metrics: FakeMetrics = dataclasses.field(default_factory=FakeMetrics)
 
 
 def resource(**spec: Any) -> dict[str, Any]:
@@ -212,6 +268,80 @@ def resource(**spec: Any) -> dict[str, Any]:
             **spec,
         },
     }
+
+
+@dataclasses.dataclass
+class Tally:
+    done: int = 0
+    unroutable: int = 0
+    first: Archived | None = None
+    last: Archived | None = None
+
+
+class FakeReplayBroker:
+    """Answers each observation with the next of `seen`; a move moves `moves` events; after a move the archive is
+    `left` (None: it is observed again)."""
+
+    def __init__(self, seen: list[ArchiveSeen], moves: list[int], firsts: list[Archived] | None = None) -> None:
+        self.seen = seen
+        self.moves = moves
+        self.firsts = firsts or []
+        self.tally = Tally()
+        self.asked: list[str] = []
+        self.left: ArchiveSeen | None = None
+
+    async def observe(self, service: str, selection: Selection, keep: int = 0, *, count: bool = True) -> ArchiveSeen:
+        seen = self.seen.pop(0)
+        if not count:  # the archive's size only (and what is held of it)
+            self.asked.append("size")
+            return dataclasses.replace(seen, selected=None, sample=(), originals=seen.archived)
+        self.asked.append("observe")
+        return seen
+
+    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
+        self.asked.append("seen_after_move")
+        return self.left
+
+    async def move(
+        self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
+    ) -> Tally:
+        self.asked.append(f"move limit={limit}")
+        self.tally = Tally(done=self.moves.pop(0), first=self.firsts.pop(0) if self.firsts else None)
+        return self.tally
+
+    def halt(self) -> None:
+        self.asked.append("halt")
+
+    def close(self) -> None:
+        self.asked.append("close")
+
+
+class FakeReplayApi:
+    """The replay's API: the service as given, status patches recorded and shown in the replay's body at once."""
+
+    def __init__(self, replay: dict[str, Any], service: dict[str, Any] | None) -> None:
+        self.replay = replay
+        self.service = service
+        self.patches: list[dict[str, Any]] = []
+
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.service is None:
+            raise NotFoundError(f"no CeleryEventService {name}")
+        return self.service
+
+    async def patch_replay_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None:
+        self.patches.append(fields)
+        self.replay.setdefault("status", {}).update(fields)
+
+
+@dataclasses.dataclass
+class FakeReplayContext:
+    cluster: FakeReplayApi
+    brokers: FakeBrokers
+    broker: FakeReplayBroker  # every replay's
+
+    def replay_broker(self, settings: BrokerSettings, queue_type: str) -> FakeReplayBroker:
+        return self.broker
 
 
 class RecordingLogger:
@@ -257,3 +387,17 @@ def listing_of(topology: Topology, claimant: Claimant | None = None) -> dict[str
             for b in topology.bindings
         ],
     }
+
+
+# Each fake stands for its port: mypy fails here when a port changes and its fake does not.
+_events: EventsFeed = FakeEvents()
+_broker: ServiceBroker = FakeBroker()
+_brokers: BrokerSource = FakeBrokers(FakeBroker())
+_cluster: ClusterAccess = FakeCluster(resource())
+_metrics: MetricsStore = FakeMetrics()
+_context: KeeperContext = FakeContext(FakeCluster(resource()), FakeBrokers(FakeBroker()))
+_replay_broker: ReplayBroker = FakeReplayBroker([], [])
+_replay_api: ReplayApi = FakeReplayApi({}, None)
+_replay_context: ReplayContext = FakeReplayContext(
+    FakeReplayApi({}, None), FakeBrokers(FakeBroker()), FakeReplayBroker([], [])
+)

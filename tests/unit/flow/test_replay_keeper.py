@@ -4,81 +4,22 @@ it writes what the conclusion says, once, and never an end the broker did not sh
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import types
 from typing import Any
 
-from celery_event_operator.core.archive.messages import Archived, Selection
-from celery_event_operator.core.errors import NotFoundError
 from celery_event_operator.core.replay import plan
 from celery_event_operator.core.replay.conclusion import ArchiveSeen
 from celery_event_operator.flow.replays import ReplayKeeper, Shared
-from tests.unit.flow.fakes import SETTINGS, FakeBroker, FakeBrokers, RecordingLogger, resource
+from tests.unit.flow.fakes import (
+    SETTINGS,
+    FakeBroker,
+    FakeBrokers,
+    FakeReplayApi,
+    FakeReplayBroker,
+    FakeReplayContext,
+    RecordingLogger,
+    resource,
+)
 from tests.unit.replay.test_plan import archived, body
-
-
-@dataclasses.dataclass
-class Tally:
-    done: int = 0
-    unroutable: int = 0
-    first: Archived | None = None
-    last: Archived | None = None
-
-
-class FakeReplayBroker:
-    """Answers each observation with the next of `seen`; a move moves `moves` events; after a move the archive is
-    `left` (None: it is observed again)."""
-
-    def __init__(self, seen: list[ArchiveSeen], moves: list[int], firsts: list[Archived] | None = None) -> None:
-        self.seen = seen
-        self.moves = moves
-        self.firsts = firsts or []
-        self.tally = Tally()
-        self.asked: list[str] = []
-        self.left: ArchiveSeen | None = None
-
-    async def observe(self, service: str, selection: Selection, keep: int = 0, *, count: bool = True) -> ArchiveSeen:
-        seen = self.seen.pop(0)
-        if not count:  # the archive's size only (and what is held of it)
-            self.asked.append("size")
-            return dataclasses.replace(seen, selected=None, sample=(), originals=seen.archived)
-        self.asked.append("observe")
-        return seen
-
-    async def seen_after_move(self, service: str) -> ArchiveSeen | None:
-        self.asked.append("seen_after_move")
-        return self.left
-
-    async def move(
-        self, service: str, selection: Selection, *, purge: bool, limit: int | None, rate: float | None
-    ) -> Tally:
-        self.asked.append(f"move limit={limit}")
-        self.tally = Tally(done=self.moves.pop(0), first=self.firsts.pop(0) if self.firsts else None)
-        return self.tally
-
-    def halt(self) -> None:
-        self.asked.append("halt")
-
-    def close(self) -> None:
-        self.asked.append("close")
-
-
-class FakeKube:
-    """The replay's API: the service as given, status patches recorded and shown in the replay's body at once."""
-
-    def __init__(self, replay: dict[str, Any], service: dict[str, Any] | None) -> None:
-        self.replay = replay
-        self.service = service
-        self.patches: list[dict[str, Any]] = []
-
-    async def read_service(self, namespace: str, name: str) -> dict[str, Any]:
-        if self.service is None:
-            raise NotFoundError(f"no CeleryEventService {name}")
-        return self.service
-
-    async def patch_replay_status(self, namespace: str, name: str, fields: dict[str, Any]) -> None:
-        self.patches.append(fields)
-        self.replay.setdefault("status", {}).update(fields)
 
 
 class Stopped:
@@ -100,14 +41,12 @@ def ready_service() -> dict[str, Any]:
 
 def run(
     replay: dict[str, Any], service: dict[str, Any] | None, broker: FakeReplayBroker, attempts: int = 3
-) -> tuple[FakeKube, list[tuple[str, str]]]:
-    kube = FakeKube(replay, service)
-    context = types.SimpleNamespace(
-        cluster=kube, brokers=FakeBrokers(FakeBroker(SETTINGS)), replay_broker=lambda settings, queue_type: broker
-    )
+) -> tuple[FakeReplayApi, list[tuple[str, str]]]:
+    kube = FakeReplayApi(replay, service)
+    context = FakeReplayContext(kube, FakeBrokers(FakeBroker(SETTINGS)), broker)
     posted: list[tuple[str, str]] = []
     keeper = ReplayKeeper(
-        context,  # type: ignore[arg-type]
+        context,
         Shared(),
         replay,
         lambda notes: posted.extend((note.type, note.reason) for note in notes),
@@ -117,7 +56,7 @@ def run(
     return kube, posted
 
 
-def reasons(kube: FakeKube) -> list[str]:
+def reasons(kube: FakeReplayApi) -> list[str]:
     return [plan.succeeded(patch)["reason"] for patch in kube.patches if "conditions" in patch]
 
 
