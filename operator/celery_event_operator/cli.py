@@ -293,7 +293,7 @@ def _archive_via_cluster(args: argparse.Namespace) -> int:
     """Create a CeleryEventReplay (the user's RBAC, a record in the cluster) and follow it to its end."""
     from celery_event_operator.adapters.kubeapi import KubeApi
     from celery_event_operator.core.errors import InvalidSpecError, OperatorError
-    from celery_event_operator.core.replay import plan
+    from celery_event_operator.core.replay import replay_view
 
     if args.broker_url:
         print("error: --via-cluster goes through the operator's broker access: leave out --broker-url", file=sys.stderr)
@@ -304,7 +304,7 @@ def _archive_via_cluster(args: argparse.Namespace) -> int:
         print("error: with --via-cluster, --rate is a whole number of events a second (at least 1)", file=sys.stderr)
         return 2
     try:
-        manifest = plan.manifest(
+        manifest = replay_view.manifest(
             args.service,
             purge=purge,
             events=args.event,
@@ -341,15 +341,15 @@ def _archive_via_cluster(args: argparse.Namespace) -> int:
 
 def _follow(kube: Any, namespace: str, name: str, verb: str) -> int:
     """The replay's progress with the same bar as a replay from here, its waits as they change, then its outcome."""
-    from celery_event_operator.core.replay import plan
+    from celery_event_operator.core.replay import replay_status, replay_view
 
     created_at, told, barred = time.monotonic(), "", False
     while True:
         body = kube.read_replay(namespace, name)
-        now = plan.seen(body)
+        now = replay_view.seen(body)
         if now.state in ("True", "False"):
             break
-        if now.reason == plan.RUNNING:  # its total once counted (its first walk counts as it goes)
+        if now.reason == replay_status.RUNNING:  # its total once counted (its first walk counts as it goes)
             _progress(now.done, now.total, verb)
             barred = True
         elif now.message and now.message != told:

@@ -28,13 +28,12 @@ from celery_event_operator.core.errors import (
     ArchiveNotFoundError,
     BrokerRefusedError,
     BrokerUnavailableError,
-    InvalidSpecError,
     KubeError,
     NotFoundError,
     OperatorError,
     UnsupportedOperationError,
 )
-from celery_event_operator.core.replay import conclusion, plan
+from celery_event_operator.core.replay import conclusion, replay_spec, replay_status
 from celery_event_operator.core.replay.slots import Key, ReplaySlots, archive_key
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import EventNote, PostEvents
@@ -95,7 +94,7 @@ class ReplayKeeper:
         self._stopped: Any = None
         self._writer = StatusWriter(context.cluster.patch_replay_status, None, self.namespace, self.name, logger)
         self._written: dict[str, Any] = {}  # status fields as last written (or shown)
-        self._began: plan.Started | None = None  # as last written (the watch may not have brought it back yet)
+        self._began: replay_status.Started | None = None  # as last written (the watch may not have brought it back yet)
         # Its last walk, while it is not counted yet: what it moved is known exactly across a wait that follows it
         self._walked: conclusion.PassDone | None = None
         self.holder = f"{self.namespace}/{self.name}"
@@ -116,15 +115,12 @@ class ReplayKeeper:
     # --- one attempt: True when it ended (or was stopped) ---------------------------------------
 
     async def _attempt(self) -> bool:
-        try:
-            replay: plan.Replay | InvalidSpecError = plan.understand(self.body)
-        except InvalidSpecError as exc:
-            replay = exc
-        began = self._began or plan.started(self.body.get("status") or {})
+        replay = replay_spec.understand(self.body)
+        began = self._began or replay_status.started(self.body.get("status") or {})
         walked = self._walked if began is not None and began.matched is None else None
         observed = conclusion.ReplayObserved(replay, specs.generation_of(self.body), began, {}, last_pass=walked)
         step = self._conclude(observed)
-        if step.action != "look" or not isinstance(replay, plan.Replay):
+        if step.action != "look" or not isinstance(replay, replay_spec.Replay):
             return await self._perform(step)
         observed = dataclasses.replace(observed, service=await self._look_at_service(replay))
         step = self._conclude(observed)
@@ -151,7 +147,7 @@ class ReplayKeeper:
         finally:
             self.slots.release(key, self.holder)
 
-    def _queue_for(self, replay: plan.Replay, settings: BrokerSettings, service_name: str) -> Key:
+    def _queue_for(self, replay: replay_spec.Replay, settings: BrokerSettings, service_name: str) -> Key:
         """The slot of the archive it replays (its place among the replays waiting for it, by creation time)."""
         key = archive_key(settings.address, service_name)
         if key != self._slot:
@@ -161,7 +157,7 @@ class ReplayKeeper:
             self.slots.wait(key, self.holder, replay.created_at)
         return key
 
-    async def _look_at_service(self, replay: plan.Replay) -> conclusion.ServiceSeen:
+    async def _look_at_service(self, replay: replay_spec.Replay) -> conclusion.ServiceSeen:
         try:
             service = await self.services.read(self.context.cluster, (self.namespace, replay.service))
         except NotFoundError:
@@ -171,7 +167,7 @@ class ReplayKeeper:
         return conclusion.service_seen(service)
 
     async def _drive(
-        self, observed: conclusion.ReplayObserved, replay: plan.Replay, service_name: str, runner: ReplayBroker
+        self, observed: conclusion.ReplayObserved, replay: replay_spec.Replay, service_name: str, runner: ReplayBroker
     ) -> bool:
         """The archive looked at, moved and looked at again until the conclusion waits, stops or ends."""
         resumed = observed.began is not None
@@ -209,7 +205,7 @@ class ReplayKeeper:
                 return await self._perform(step)
 
     async def _look_at_archive(
-        self, observed: conclusion.ReplayObserved, replay: plan.Replay, service_name: str, runner: ReplayBroker
+        self, observed: conclusion.ReplayObserved, replay: replay_spec.Replay, service_name: str, runner: ReplayBroker
     ) -> conclusion.ReplayObserved:
         """The archive as the last walk left it when that walk saw all of it, else counted whole; before a replay
         begins, only its size (its first walk counts), unless it is a dry run."""
@@ -218,20 +214,20 @@ class ReplayKeeper:
             seen = await runner.seen_after_move(began.service_name)
             if seen is not None:
                 return dataclasses.replace(observed, archive=seen)
-        started_at = began.started_at if began is not None else plan.start_time(time.time())
+        started_at = began.started_at if began is not None else replay_status.start_time(time.time())
         name = began.service_name if began is not None else service_name
         keep = PREVIEW_SIZE if replay.spec.dry_run else 0
         count = began is not None or replay.spec.dry_run
         seen = await runner.observe(name, replay.selection(started_at), keep, count=count)
         if began is None and seen.at is not None:  # it starts when the archive's size was read
-            started_at = plan.start_time(seen.at)
+            started_at = replay_status.start_time(seen.at)
         return dataclasses.replace(observed, archive=seen, started_at=started_at)
 
     async def _move(
         self,
         observed: conclusion.ReplayObserved,
-        replay: plan.Replay,
-        began: plan.Started,
+        replay: replay_spec.Replay,
+        began: replay_status.Started,
         step: conclusion.Step,
         runner: ReplayBroker,
     ) -> conclusion.ReplayObserved:
@@ -269,16 +265,16 @@ class ReplayKeeper:
             halted=self._halt(began, deleted),
         )
 
-    def _halt(self, began: plan.Started, deleted: bool) -> conclusion.Halt | None:
-        changed = plan.spec_changed(specs.generation_of(self.body), began)
+    def _halt(self, began: replay_status.Started, deleted: bool) -> conclusion.Halt | None:
+        changed = replay_status.spec_changed(specs.generation_of(self.body), began)
         return conclusion.halted_by(stopped=bool(self._stopped), spec_changed=changed, service_deleted=deleted)
 
     @staticmethod
-    def _pass_done(began: plan.Started, before: int, tally: MoveProgress) -> conclusion.PassDone:
-        first = began.first_message or plan.message_view(tally.first)
-        return conclusion.PassDone(tally.done, tally.unroutable, before, first, plan.message_view(tally.last))
+    def _pass_done(began: replay_status.Started, before: int, tally: MoveProgress) -> conclusion.PassDone:
+        first = began.first_message or replay_status.message_view(tally.first)
+        return conclusion.PassDone(tally.done, tally.unroutable, before, first, replay_status.message_view(tally.last))
 
-    async def _service_gone(self, replay: plan.Replay) -> bool:
+    async def _service_gone(self, replay: replay_spec.Replay) -> bool:
         """The service was deleted (or is being deleted): a fact of the API, read at most every few seconds."""
         try:
             service = await self.services.read(self.context.cluster, (self.namespace, replay.service))
@@ -323,7 +319,7 @@ class ReplayKeeper:
         await self._end(step.decision)
         return True
 
-    async def _end(self, decision: plan.Decision) -> None:
+    async def _end(self, decision: replay_status.Decision) -> None:
         """The final status, written however long the API takes (unless stopped: the next operator ends it), then
         the end's Event."""
         while not await self._write(decision.status_patch):

@@ -14,7 +14,7 @@ import kopf
 from celery_event_operator.core.api.metadata import GROUP
 from celery_event_operator.core.api.models import REPLAY_PLURAL, VERSION
 from celery_event_operator.core.options import OperatorOptions
-from celery_event_operator.core.replay import plan
+from celery_event_operator.core.replay import replay_status
 from celery_event_operator.flow.replays import ReplayKeeper, Shared
 from celery_event_operator.handlers.finalizers import left_to_take_off, take_off
 from celery_event_operator.handlers.posting import events_poster
@@ -35,7 +35,7 @@ def _of_this_shard(namespace: str | None, spec: kopf.Spec, memo: kopf.Memo) -> b
 
 def _runs_here(namespace: str | None, spec: kopf.Spec, status: kopf.Status, memo: kopf.Memo, **_: Any) -> bool:
     """Not ended, and of a service of this operator's shard."""
-    return not plan.finished(status) and _of_this_shard(namespace, spec, memo)
+    return not replay_status.finished(status) and _of_this_shard(namespace, spec, memo)
 
 
 def _others_finalizers_left(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from celery_event_operator.core.replay import plan
+from celery_event_operator.core.replay import replay_spec, replay_status
 from celery_event_operator.core.replay.conclusion import ArchiveSeen
 from celery_event_operator.flow.replays import ReplayKeeper, Shared
 from tests.unit.flow.fakes import (
@@ -19,7 +19,7 @@ from tests.unit.flow.fakes import (
     RecordingLogger,
     resource,
 )
-from tests.unit.replay.test_plan import archived, body
+from tests.unit.replay.test_replay_spec_and_status import archived, body
 
 
 class Stopped:
@@ -57,7 +57,7 @@ def run(
 
 
 def reasons(kube: FakeReplayApi) -> list[str]:
-    return [plan.succeeded(patch)["reason"] for patch in kube.patches if "conditions" in patch]
+    return [replay_status.succeeded(patch)["reason"] for patch in kube.patches if "conditions" in patch]
 
 
 def test_a_held_archive_holds_the_replay_until_it_is_back_then_it_runs_and_ends_on_the_broker_count() -> None:
@@ -92,8 +92,8 @@ def test_a_pass_that_leaves_events_held_does_not_end_the_replay() -> None:
 
 def test_a_started_replay_whose_service_is_gone_ends_service_deleted_without_touching_the_broker() -> None:
     replay = body(
-        status=plan.begun(
-            [], plan.understand(body()), service_name="billing", started_at=1.8e9, archived=3000, matched=3000
+        status=replay_status.begun(
+            [], replay_spec.understand(body()), service_name="billing", started_at=1.8e9, archived=3000, matched=3000
         ).status_patch
         | {"replayed": 612}
     )
@@ -149,8 +149,8 @@ def test_what_its_first_walk_moved_stays_known_across_a_wait_before_its_count() 
 
 def test_a_resumed_replay_goes_on_from_its_start_as_status_shows_it() -> None:
     """Resumed after a SIGKILL, before anything moved: its start and count stand through every walk."""
-    begun = plan.begun(
-        [], plan.understand(body()), service_name="billing", started_at=1.8e9, archived=1000, matched=1000
+    begun = replay_status.begun(
+        [], replay_spec.understand(body()), service_name="billing", started_at=1.8e9, archived=1000, matched=1000
     )
     broker = FakeReplayBroker(
         seen=[ArchiveSeen(1000, 1000, 0), ArchiveSeen(400, 400, 0), ArchiveSeen(0, 0, 0)], moves=[600, 400]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from celery_event_operator.core.errors import InvalidSpecError
-from celery_event_operator.core.replay import conclusion, plan
+from celery_event_operator.core.replay import conclusion, replay_spec, replay_status
 from celery_event_operator.core.replay.conclusion import (
     ArchiveSeen,
     BrokerFailure,
@@ -19,7 +19,7 @@ from celery_event_operator.core.replay.conclusion import (
     SlotSeen,
 )
 from tests.unit.flow.fakes import SETTINGS, resource
-from tests.unit.replay.test_plan import CREATED_AT, NOW, body
+from tests.unit.replay.test_replay_spec_and_status import CREATED_AT, NOW, body
 
 STARTED_AT = CREATED_AT + 5
 
@@ -30,20 +30,20 @@ def service(ready: str = "True", reason: str = "Reconciled", message: str = "") 
     return conclusion.service_seen(found)
 
 
-def started(matched: int | None, archived: int = 1000) -> plan.Started:
-    return plan.Started(STARTED_AT, archived, matched, "billing", 1, None)
+def started(matched: int | None, archived: int = 1000) -> replay_status.Started:
+    return replay_status.Started(STARTED_AT, archived, matched, "billing", 1, None)
 
 
 def running() -> dict[str, Any]:
     """The status of a replay that began (its Running condition)."""
-    return plan.begun(
-        [], plan.understand(body()), service_name="billing", started_at=STARTED_AT, archived=1, matched=1
+    return replay_status.begun(
+        [], replay_spec.understand(body()), service_name="billing", started_at=STARTED_AT, archived=1, matched=1
     ).status_patch
 
 
 def archive_in_use_shown() -> dict[str, Any]:
     """The status of a replay already waiting for a held archive."""
-    replay = plan.understand(body())
+    replay = replay_spec.understand(body())
     return conclusion.archive_in_use([], replay, "billing", None, 800, now=NOW).status_patch
 
 
@@ -55,7 +55,7 @@ TAKEN = SlotSeen("shop/first", "billing", "broker.example:5672/shop")
 def observed(spec: dict[str, Any] | None = None, **facts: Any) -> ReplayObserved:
     """A replay whose service is Ready, whose broker answers and whose turn it is, with `facts` instead."""
     seen: dict[str, Any] = {
-        "replay": plan.understand(body(spec)),
+        "replay": replay_spec.understand(body(spec)),
         "generation": 1,
         "began": None,
         "written": running(),
@@ -478,7 +478,7 @@ def test_what_follows_what_was_observed(
     if why is None:
         assert "conditions" not in status, "the condition stays as written"
     else:
-        condition = plan.succeeded(status)
+        condition = replay_status.succeeded(status)
         assert condition["reason"] == why
         ended = "False" if ("Warning", why) in events else "True"
         assert condition["status"] == (ended if action == "end" else "Unknown")
@@ -499,7 +499,7 @@ def test_what_follows_what_was_observed(
     ],
 )
 def test_a_move_takes_at_most_what_its_limit_leaves(
-    spec: dict[str, Any], began: plan.Started, done: int, limit: int | None
+    spec: dict[str, Any], began: replay_status.Started, done: int, limit: int | None
 ) -> None:
     step = conclusion.conclude(observed(spec, began=began, archive=ArchiveSeen(1000 - done, 1000 - done, 0)), NOW)
     assert (step.action, step.done, step.limit) == ("move", done, limit)
@@ -508,7 +508,7 @@ def test_a_move_takes_at_most_what_its_limit_leaves(
 def test_a_begin_says_what_began_and_the_next_look_moves() -> None:
     seen = observed(archive=ArchiveSeen(1600, 1000, 0), written={})
     step = conclusion.conclude(seen, NOW)
-    assert step.began == plan.Started(STARTED_AT, 1600, 1000, "billing", 1, None)
+    assert step.began == replay_status.Started(STARTED_AT, 1600, 1000, "billing", 1, None)
     then = conclusion.conclude(
         observed(began=step.began, archive=seen.archive, written=step.decision.status_patch), NOW
     )

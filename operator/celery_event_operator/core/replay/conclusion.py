@@ -32,7 +32,7 @@ from celery_event_operator.core.api.models import CeleryEventServiceSpec
 from celery_event_operator.core.archive.messages import Archived
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import InvalidSpecError
-from celery_event_operator.core.replay import plan
+from celery_event_operator.core.replay import replay_spec, replay_status
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import EventNote
 
@@ -108,16 +108,18 @@ class SlotSeen:
 class BrokerFailure:
     message: str
     archive_not_found: bool = False  # the archive does not exist (else: the broker failed or refused)
-    reason: str = plan.BROKER_UNAVAILABLE  # why it waits: a refusal (a permission, an archive too large) says so
+    reason: str = (
+        replay_status.BROKER_UNAVAILABLE
+    )  # why it waits: a refusal (a permission, an archive too large) says so
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplayObserved:
     """What the keeper knows of a replay at one moment; None where it has not looked (yet)."""
 
-    replay: plan.Replay | InvalidSpecError
+    replay: replay_spec.Replay | InvalidSpecError
     generation: int | None  # the resource's, now
-    began: plan.Started | None  # what status says was begun (or was just written)
+    began: replay_status.Started | None  # what status says was begun (or was just written)
     written: Mapping[str, Any]  # its status as last written (or as the watch shows it)
     service: ServiceSeen | None = None
     settings: BrokerSettings | Problem | None = None
@@ -142,15 +144,15 @@ class Step:
     operator's log (a warning when `warn`)."""
 
     action: Literal["look", "wait", "begin", "move", "stop", "end"]
-    decision: plan.Decision
+    decision: replay_status.Decision
     done: int = 0
     limit: int | None = None
-    began: plan.Started | None = None
+    began: replay_status.Started | None = None
     log: str = ""
     warn: bool = False
 
 
-NOTHING = plan.Decision({}, ())
+NOTHING = replay_status.Decision({}, ())
 
 
 def service_seen(body: Mapping[str, Any]) -> ServiceNotReady | ServiceReady:
@@ -176,9 +178,9 @@ def halted_by(*, stopped: bool, spec_changed: bool, service_deleted: bool) -> Ha
     return None
 
 
-def progress(replay: plan.Replay, began: plan.Started, walked: PassDone) -> dict[str, Any]:
+def progress(replay: replay_spec.Replay, began: replay_status.Started, walked: PassDone) -> dict[str, Any]:
     """The counters of a walk under way or just returned."""
-    return plan.progressed(
+    return replay_status.progressed(
         replay,
         matched=began.matched,
         done=walked.done_before + walked.moved,
@@ -192,44 +194,50 @@ def conclude(observed: ReplayObserved, now: float) -> Step:
     """What follows what the keeper observed: ended by its spec, or by a walk that returned early; waiting for
     what comes before the archive (or a `look` for the next fact); then what the archive shows decides."""
     replay, began, previous = observed.replay, observed.began, observed.previous
-    changed = began is not None and plan.spec_changed(observed.generation, began)
+    changed = began is not None and replay_status.spec_changed(observed.generation, began)
     if isinstance(replay, InvalidSpecError):
         if changed:
             return Step("end", spec_changed(previous, observed.generation, now=now))
-        refusal = plan.refused(previous, observed.generation, replay, now=now)
+        refusal = replay_status.refused(previous, observed.generation, replay, now=now)
         return Step("end", refusal, log=f"refused: {replay}", warn=True)
     walked = observed.last_pass
     counters = progress(replay, began, walked) if began is not None and walked is not None else {}
     if observed.halted == "stopped":
-        return Step("stop", plan.Decision(counters, ()))  # resumed by the next operator (or the resource is gone)
+        return Step(
+            "stop", replay_status.Decision(counters, ())
+        )  # resumed by the next operator (or the resource is gone)
     if changed or observed.halted == "spec changed":
         ended = spec_changed(previous, observed.generation, now=now)
-        return Step("end", plan.Decision({**counters, **ended.status_patch}, ended.events))
+        return Step("end", replay_status.Decision({**counters, **ended.status_patch}, ended.events))
     if observed.halted == "service deleted" and began is not None and walked is not None:
         done = walked.done_before + walked.moved
         seen = observed.archive
         if began.matched is None and seen is None and observed.broker is None:
-            return Step("look", plan.Decision(counters, ()))  # stopped in its first walk: counted (read only) first
+            return Step(
+                "look", replay_status.Decision(counters, ())
+            )  # stopped in its first walk: counted (read only) first
         if began.matched is None and seen is not None and seen.selected is not None and not seen.held_elsewhere:
             began = dataclasses.replace(began, matched=moved_before(began, walked, seen) + seen.selected)
         ended = service_deleted(previous, replay, began, done=done, unroutable=walked.unroutable, now=now)
-        return _deleted(replay, plan.Decision({**counters, **ended.status_patch}, ended.events))
+        return _deleted(replay, replay_status.Decision({**counters, **ended.status_patch}, ended.events))
     ready = _before_the_archive(observed, replay, now=now)
     if isinstance(ready, Step):
         return ready
     if observed.broker is not None:
         if observed.broker.archive_not_found:
-            failure = plan.failed(previous, replay.generation, ARCHIVE_NOT_FOUND, observed.broker.message, now=now)
+            failure = replay_status.failed(
+                previous, replay.generation, ARCHIVE_NOT_FOUND, observed.broker.message, now=now
+            )
             return Step("end", failure)
         message = f"{observed.broker.message}; trying again (what was done stays done)"
         return _wait(observed, replay, observed.broker.reason, message, now=now)
     if observed.archive is None or observed.started_at is None:
-        return Step("look", plan.Decision(counters, ()))  # after a walk: its counters, then the archive again
+        return Step("look", replay_status.Decision(counters, ()))  # after a walk: its counters, then the archive again
     service_name = began.service_name if began is not None else ready.service_name
     return _from_the_archive(observed, replay, service_name, observed.archive, observed.started_at, now=now)
 
 
-def _before_the_archive(observed: ReplayObserved, replay: plan.Replay, *, now: float) -> Step | ServiceReady:
+def _before_the_archive(observed: ReplayObserved, replay: replay_spec.Replay, *, now: float) -> Step | ServiceReady:
     """Waiting for (or, when started, ended by the loss of) its service, its Secret, its turn; a `look` while a fact
     is missing; its Ready service once it may look at the archive."""
     service, began = observed.service, observed.began
@@ -246,13 +254,13 @@ def _before_the_archive(observed: ReplayObserved, replay: plan.Replay, *, now: f
             f"there is no CeleryEventService {replay.service} in namespace {replay.namespace} (a replay acts on a "
             "service of its own namespace); it starts when there is one"
         )
-        return _wait(observed, replay, plan.SERVICE_NOT_FOUND, message, now=now)
+        return _wait(observed, replay, replay_status.SERVICE_NOT_FOUND, message, now=now)
     if isinstance(service, Problem):  # the API's fault (not answering, a missing permission): its own reason
         return _wait(observed, replay, service.reason, service.message, now=now)
     if isinstance(service, ServiceNotReady):
         why = f" ({service.ready[0]}: {service.ready[1]})" if service.ready is not None else ""
         message = f"service {replay.service} is not Ready{why}; the replay starts once it is"
-        return _wait(observed, replay, plan.SERVICE_NOT_READY, message, now=now)
+        return _wait(observed, replay, replay_status.SERVICE_NOT_READY, message, now=now)
     if observed.settings is None:
         return Step("look", NOTHING)
     if isinstance(observed.settings, Problem):  # the Secret unusable, or the Kubernetes API not answering
@@ -265,13 +273,13 @@ def _before_the_archive(observed: ReplayObserved, replay: plan.Replay, *, now: f
             f"replay {slot.holder} of the same archive ({slot.service_name}:archived at {slot.broker}) goes first: "
             "one replay of an archive runs at a time"
         )
-        return _wait(observed, replay, plan.WAITING_FOR_REPLAY, message, now=now)
+        return _wait(observed, replay, replay_status.WAITING_FOR_REPLAY, message, now=now)
     return service
 
 
 def _from_the_archive(
     observed: ReplayObserved,
-    replay: plan.Replay,
+    replay: replay_spec.Replay,
     service_name: str,
     seen: ArchiveSeen,
     started_at: float,
@@ -283,7 +291,7 @@ def _from_the_archive(
         decision = archive_in_use(previous, replay, service_name, began, seen.held_elsewhere, now=now)
         return _waiting(previous, decision)
     if began is None:
-        decision = plan.begun(
+        decision = replay_status.begun(
             previous,
             replay,
             service_name=service_name,
@@ -291,19 +299,19 @@ def _from_the_archive(
             archived=seen.archived,
             matched=seen.selected,
         )
-        started = plan.Started(started_at, seen.archived, seen.selected, service_name, replay.generation, None)
+        started = replay_status.Started(started_at, seen.archived, seen.selected, service_name, replay.generation, None)
         return Step("begin", decision, began=started)
-    running = plan.running_again(previous, replay, began.service_name, now=now)
+    running = replay_status.running_again(previous, replay, began.service_name, now=now)
     if seen.selected is None:  # just begun, not counted: its first walk counts what it selects as it goes
-        counters = plan.progressed(replay, matched=None, done=0, unroutable=0, first=None, last=None)
-        return Step("move", plan.Decision(counters | running, ()), 0, replay.spec.limit)
+        counters = replay_status.progressed(replay, matched=None, done=0, unroutable=0, first=None, last=None)
+        return Step("move", replay_status.Decision(counters | running, ()), 0, replay.spec.limit)
     counted = None
     matched = began.matched
     if matched is None:  # the first count since it began: what it did, and what is still archived
         matched = moved_before(began, last_pass, seen) + seen.selected
         began = counted = dataclasses.replace(began, matched=matched)
     if replay.spec.dry_run:
-        decision = plan.dry_run_ended(
+        decision = replay_status.dry_run_ended(
             previous,
             replay,
             service_name=began.service_name,
@@ -312,18 +320,18 @@ def _from_the_archive(
             now=now,
         )
         return Step("end", decision)
-    done = plan.done_before(matched, seen.selected)
+    done = replay_status.done_before(matched, seen.selected)
     unroutable = last_pass.unroutable if last_pass is not None else 0
     left = min(replay.target(matched) - done, seen.selected - unroutable)
     if left > 0 and (last_pass is None or last_pass.moved > 0):
-        counters = plan.progressed(
+        counters = replay_status.progressed(
             replay, matched=matched, done=done, unroutable=0, first=began.first_message, last=None
         )
         # Without a limit of its own it walks to the end: what it takes is what its selection takes, and a walk
         # over all of the archive is what lets it end without looking again (ReplayBroker.seen_after_move).
         limit = None if replay.spec.limit is None else max(0, replay.target(matched) - done)
-        return Step("move", plan.Decision(counters | running, ()), done, limit, began=counted)
-    decision = plan.ended(
+        return Step("move", replay_status.Decision(counters | running, ()), done, limit, began=counted)
+    decision = replay_status.ended(
         previous,
         replay,
         service_name=began.service_name,
@@ -336,7 +344,7 @@ def _from_the_archive(
     return Step("end", decision, done)
 
 
-def moved_before(began: plan.Started, last_pass: PassDone | None, seen: ArchiveSeen) -> int:
+def moved_before(began: replay_status.Started, last_pass: PassDone | None, seen: ArchiveSeen) -> int:
     """What a replay that began without a count moved before its first count: what its walks did, as this keeper
     saw them; resumed (after a restart, a lost connection), the messages archived before its start that are no
     longer archived — only moves take them (an event that expires or is pushed out meanwhile counts as moved)."""
@@ -345,37 +353,39 @@ def moved_before(began: plan.Started, last_pass: PassDone | None, seen: ArchiveS
     return max(0, began.archived - seen.originals)
 
 
-def _wait(observed: ReplayObserved, replay: plan.Replay, reason: str, message: str, *, now: float) -> Step:
+def _wait(observed: ReplayObserved, replay: replay_spec.Replay, reason: str, message: str, *, now: float) -> Step:
     previous = observed.previous
-    return _waiting(previous, plan.waiting(previous, replay, reason, message, began=observed.began, now=now))
+    return _waiting(previous, replay_status.waiting(previous, replay, reason, message, began=observed.began, now=now))
 
 
-def _waiting(previous: Sequence[Mapping[str, Any]], decision: plan.Decision) -> Step:
+def _waiting(previous: Sequence[Mapping[str, Any]], decision: replay_status.Decision) -> Step:
     """A wait, logged when its reason or message is new."""
-    condition = plan.succeeded({"conditions": decision.status_patch.get("conditions") or []})
-    current = plan.succeeded({"conditions": list(previous)})
+    condition = replay_status.succeeded({"conditions": decision.status_patch.get("conditions") or []})
+    current = replay_status.succeeded({"conditions": list(previous)})
     new = (current.get("reason"), current.get("message")) != (condition.get("reason"), condition.get("message"))
     return Step("wait", decision, log=f"waits: {condition.get('message')}" if new else "")
 
 
-def _deleted(replay: plan.Replay, decision: plan.Decision) -> Step:
+def _deleted(replay: replay_spec.Replay, decision: replay_status.Decision) -> Step:
     return Step("end", decision, log=f"stops: service {replay.service} was deleted", warn=True)
 
 
-def spec_changed(previous: Sequence[Mapping[str, Any]], generation: int | None, *, now: float) -> plan.Decision:
+def spec_changed(
+    previous: Sequence[Mapping[str, Any]], generation: int | None, *, now: float
+) -> replay_status.Decision:
     message = "the spec changed after the replay started (it is immutable): nothing more is done; create another"
-    return plan.failed(previous, generation, SPEC_CHANGED, message, now=now)
+    return replay_status.failed(previous, generation, SPEC_CHANGED, message, now=now)
 
 
 def archive_in_use(
     previous: Sequence[Mapping[str, Any]],
-    replay: plan.Replay,
+    replay: replay_spec.Replay,
     service_name: str,
-    began: plan.Started | None,
+    began: replay_status.Started | None,
     held: int,
     *,
     now: float,
-) -> plan.Decision:
+) -> replay_status.Decision:
     """Waiting to see the whole archive; the Event only when it starts waiting for that."""
     message = (
         f"{held} archived events of {service_name} are held unacknowledged by another client (as `archive list` "
@@ -383,21 +393,21 @@ def archive_in_use(
     )
     if began is not None:
         message += "; what was done stays done"
-    waiting = plan.waiting(previous, replay, ARCHIVE_IN_USE, message, began=began, now=now)
-    if plan.succeeded({"conditions": list(previous)}).get("reason") == ARCHIVE_IN_USE:
+    waiting = replay_status.waiting(previous, replay, ARCHIVE_IN_USE, message, began=began, now=now)
+    if replay_status.succeeded({"conditions": list(previous)}).get("reason") == ARCHIVE_IN_USE:
         return waiting
-    return plan.Decision(waiting.status_patch, (EventNote("Normal", ARCHIVE_IN_USE, message),))
+    return replay_status.Decision(waiting.status_patch, (EventNote("Normal", ARCHIVE_IN_USE, message),))
 
 
 def service_deleted(
     previous: Sequence[Mapping[str, Any]],
-    replay: plan.Replay,
-    began: plan.Started,
+    replay: replay_spec.Replay,
+    began: replay_status.Started,
     *,
     done: int,
     unroutable: int,
     now: float,
-) -> plan.Decision:
+) -> replay_status.Decision:
     """Its service was deleted while it ran: stopped; what it moved counted, the rest left archived."""
     where = "purged" if replay.purge else "sent back to its handler queues"
     if began.matched is None:  # stopped before its first walk counted them
@@ -408,6 +418,8 @@ def service_deleted(
             f"{done} of {began.matched} selected archived events of {began.service_name} {where}, {left} stay archived"
         )
     message = f"service {replay.service} was deleted: the replay stopped; {counted}"
-    failed = plan.failed(previous, replay.generation, SERVICE_DELETED, message, now=now)
-    counters = plan.progressed(replay, matched=began.matched, done=done, unroutable=unroutable, first=None, last=None)
-    return plan.Decision({**counters, **failed.status_patch}, failed.events)
+    failed = replay_status.failed(previous, replay.generation, SERVICE_DELETED, message, now=now)
+    counters = replay_status.progressed(
+        replay, matched=began.matched, done=done, unroutable=unroutable, first=None, last=None
+    )
+    return replay_status.Decision({**counters, **failed.status_patch}, failed.events)

@@ -1,4 +1,5 @@
-"""What a CeleryEventReplay does and what its status says: pure functions of its body, its counts and the time.
+"""What a CeleryEventReplay's status says, from its start to its end: pure functions of its body, its counts and
+the time.
 
 A replay runs once, to completion, as a Job does. Its state is one condition, `Succeeded` (the convention
 Knative and Tekton follow for runs): Unknown while it waits or runs, the reason saying which; True or False
@@ -27,18 +28,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from celery_event_operator.core.api import conditions
-from celery_event_operator.core.api.metadata import GROUP
-from celery_event_operator.core.api.models import (
-    REPLAY_KIND,
-    SHOWN_EXCEPTION_LENGTH,
-    VERSION,
-    CeleryEventReplaySpec,
-    Condition,
-    ConditionStatus,
-    parse_replay_spec,
-)
-from celery_event_operator.core.archive.messages import Archived, Selection
+from celery_event_operator.core.api.models import SHOWN_EXCEPTION_LENGTH, Condition, ConditionStatus
+from celery_event_operator.core.archive.messages import Archived
 from celery_event_operator.core.errors import InvalidSpecError
+from celery_event_operator.core.replay.replay_spec import Replay, describe_filter, parse_time
 from celery_event_operator.core.service.conclusion import EventNote
 
 SUCCEEDED = "Succeeded"
@@ -65,74 +58,6 @@ class Decision:
 
 def _bounded(text: str, length: int) -> str:
     return text if len(text) <= length else text[: length - 1] + "…"
-
-
-@dataclasses.dataclass(frozen=True)
-class Replay:
-    """A replay's resource as the operator acts on it."""
-
-    namespace: str
-    name: str
-    generation: int | None
-    created_at: float  # unix time
-    spec: CeleryEventReplaySpec
-
-    @property
-    def purge(self) -> bool:
-        return self.spec.action == "purge"
-
-    @property
-    def done_field(self) -> str:
-        """The status counter of what it did."""
-        return "purged" if self.purge else "replayed"
-
-    @property
-    def service(self) -> str:
-        return self.spec.service_ref.name
-
-    def selection(self, started_at: float) -> Selection:
-        """The spec's filter; ages count back from the replay's creation, so they mean the same after a restart."""
-        chosen = self.spec.filter
-        return Selection(
-            events=frozenset(chosen.events),
-            exception_types=frozenset(chosen.exception_types),
-            task_ids=frozenset(chosen.task_ids),
-            archived_since=None if chosen.newer_than_seconds is None else self.created_at - chosen.newer_than_seconds,
-            archived_until=None if chosen.older_than_seconds is None else self.created_at - chosen.older_than_seconds,
-            started_at=started_at,
-        )
-
-    def target(self, matched: int) -> int:
-        """How many it takes of the `matched` selected events."""
-        return matched if self.spec.limit is None else min(matched, self.spec.limit)
-
-
-def understand(body: Mapping[str, Any]) -> Replay:
-    """The replay to run; InvalidSpecError with a readable message otherwise."""
-    meta = body.get("metadata") or {}
-    raw = body.get("spec") or {}
-    reference = raw.get("serviceRef") if isinstance(raw, Mapping) else None
-    if isinstance(reference, Mapping) and "namespace" in reference:
-        raise InvalidSpecError(
-            "spec.serviceRef.namespace: a replay acts on a service of its own namespace (whoever may create replays "
-            "there may replay that namespace's archives, no other); create it in the service's namespace"
-        )
-    return Replay(
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        generation=meta.get("generation"),
-        created_at=parse_time(meta.get("creationTimestamp")) or 0.0,
-        spec=parse_replay_spec(raw),
-    )
-
-
-def parse_time(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def timestamp(seconds: float) -> str:
@@ -207,25 +132,6 @@ def message_view(item: Archived | None) -> dict[str, Any] | None:
     if item.archived_at is not None:
         view["archivedAt"] = timestamp(item.archived_at)
     return view
-
-
-def describe_filter(spec: CeleryEventReplaySpec) -> str:
-    chosen, parts = spec.filter, []
-    if chosen.events:
-        parts.append("events " + ", ".join(chosen.events))
-    if chosen.exception_types:
-        parts.append("after " + ", ".join(chosen.exception_types))
-    if chosen.task_ids:
-        parts.append(f"{len(chosen.task_ids)} task ids")
-    if chosen.older_than_seconds is not None:
-        parts.append(f"archived at least {chosen.older_than_seconds} s before its creation")
-    if chosen.newer_than_seconds is not None:
-        parts.append(f"archived at most {chosen.newer_than_seconds} s before its creation")
-    if spec.limit is not None:
-        parts.append(f"at most {spec.limit}")
-    if spec.rate_per_second is not None:
-        parts.append(f"{spec.rate_per_second}/s")
-    return "; ".join(parts) or "every archived event"
 
 
 def _conditions(
@@ -428,77 +334,3 @@ def failed(
         "conditions": _conditions(previous, generation, "False", reason, message, now=now),
     }
     return Decision(status, (EventNote("Warning", reason, message),))
-
-
-# --- the command line's side: a replay to create, and how far it is --------------------------------------------
-
-
-def manifest(
-    service: str,
-    *,
-    purge: bool,
-    events: Sequence[str] = (),
-    exception_types: Sequence[str] = (),
-    task_ids: Sequence[str] = (),
-    older_than_seconds: int | None = None,
-    newer_than_seconds: int | None = None,
-    limit: int | None = None,
-    rate_per_second: int | None = None,
-    dry_run: bool = False,
-) -> dict[str, Any]:
-    """The CeleryEventReplay `archive replay|purge --via-cluster` creates (named by the API server); its spec is
-    checked here first, so that a mistake is told before anything is created."""
-    chosen: dict[str, Any] = {
-        "events": list(events),
-        "exceptionTypes": list(exception_types),
-        "taskIds": list(task_ids),
-        "olderThanSeconds": older_than_seconds,
-        "newerThanSeconds": newer_than_seconds,
-    }
-    spec: dict[str, Any] = {
-        "serviceRef": {"name": service},
-        "action": "purge" if purge else "replay",
-        "filter": {key: value for key, value in chosen.items() if value not in (None, [])},
-        "limit": limit,
-        "ratePerSecond": rate_per_second,
-        "dryRun": dry_run,
-        "confirm": purge,
-    }
-    spec = {key: value for key, value in spec.items() if value is not None}
-    parse_replay_spec(spec)
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": REPLAY_KIND,
-        "metadata": {"generateName": f"{service}-{spec['action']}-"[:58]},
-        "spec": spec,
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class Seen:
-    """A replay's state as someone following it sees it."""
-
-    state: str  # the Succeeded condition's status: "", Unknown, True, False
-    reason: str
-    message: str
-    done: int
-    total: int | None  # what it takes, once counted
-
-
-def seen(body: Mapping[str, Any]) -> Seen:
-    status = body.get("status") or {}
-    condition = succeeded(status)
-    action = (body.get("spec") or {}).get("action")
-    done = status.get("purged" if action == "purge" else "replayed") or 0
-    total = None
-    if isinstance(status.get("remaining"), int):
-        total = done + (status.get("skipped") or 0) + status["remaining"]
-        if finished(status):
-            total = done + (status.get("remaining") or 0)
-    return Seen(
-        str(condition.get("status") or ""),
-        str(condition.get("reason") or ""),
-        str(condition.get("message") or ""),
-        done,
-        total,
-    )

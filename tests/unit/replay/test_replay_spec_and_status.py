@@ -10,7 +10,7 @@ from celery_event_operator.core import naming
 from celery_event_operator.core.archive import messages
 from celery_event_operator.core.broker import address
 from celery_event_operator.core.errors import InvalidSpecError
-from celery_event_operator.core.replay import plan
+from celery_event_operator.core.replay import replay_spec, replay_status
 from celery_event_operator.core.replay.slots import ReplaySlots, archive_key
 
 CREATED_AT = 1_800_000_000.0  # 2027-01-15T08:00:00Z
@@ -25,7 +25,7 @@ def body(
             "name": "retry",
             "namespace": "shop",
             "generation": generation,
-            "creationTimestamp": plan.timestamp(CREATED_AT),
+            "creationTimestamp": replay_status.timestamp(CREATED_AT),
         },
         "spec": {"serviceRef": {"name": "billing"}, **(spec or {})},
         "status": status or {},
@@ -38,7 +38,7 @@ def archived(event: str = "e", at: float = CREATED_AT - 600, task_id: str = "t-1
 
 
 def test_understood_with_its_creation_time() -> None:
-    replay = plan.understand(body({"filter": {"events": ["e"]}}))
+    replay = replay_spec.understand(body({"filter": {"events": ["e"]}}))
     assert (replay.namespace, replay.name, replay.service, replay.created_at) == (
         "shop",
         "retry",
@@ -47,7 +47,7 @@ def test_understood_with_its_creation_time() -> None:
     )
     assert not replay.purge
     assert replay.done_field == "replayed"
-    assert plan.understand(body({"action": "purge", "confirm": True})).done_field == "purged"
+    assert replay_spec.understand(body({"action": "purge", "confirm": True})).done_field == "purged"
 
 
 @pytest.mark.parametrize(
@@ -62,17 +62,18 @@ def test_understood_with_its_creation_time() -> None:
     ],
 )
 def test_what_cannot_run_is_refused_with_a_reason(spec: dict[str, Any], text: str) -> None:
-    with pytest.raises(InvalidSpecError, match=text):
-        plan.understand(body(spec))
+    refused = replay_spec.understand(body(spec))  # returned, as a service's understand returns it
+    assert isinstance(refused, InvalidSpecError)
+    assert text in str(refused)
 
 
 def test_ages_count_back_from_the_creation_and_only_what_was_archived_before_the_start_is_taken() -> None:
-    replay = plan.understand(body({"filter": {"olderThanSeconds": 60, "newerThanSeconds": 3600}}))
+    replay = replay_spec.understand(body({"filter": {"olderThanSeconds": 60, "newerThanSeconds": 3600}}))
     selection = replay.selection(started_at=NOW)
     assert selection.matches(archived(at=CREATED_AT - 600))
     assert not selection.matches(archived(at=CREATED_AT - 30)), "younger than olderThanSeconds at creation"
     assert not selection.matches(archived(at=CREATED_AT - 7200)), "older than newerThanSeconds at creation"
-    unfiltered = plan.understand(body()).selection(started_at=NOW)
+    unfiltered = replay_spec.understand(body()).selection(started_at=NOW)
     assert unfiltered.matches(archived(at=NOW - 1))
     assert not unfiltered.matches(archived(at=NOW)), "archived again once the replay started"
 
@@ -80,33 +81,35 @@ def test_ages_count_back_from_the_creation_and_only_what_was_archived_before_the
 @pytest.mark.parametrize(("limit", "matched", "target"), [(None, 300, 300), (100, 300, 100), (500, 300, 300)])
 def test_target(limit: int | None, matched: int, target: int) -> None:
     spec = {} if limit is None else {"limit": limit}
-    assert plan.understand(body(spec)).target(matched) == target
+    assert replay_spec.understand(body(spec)).target(matched) == target
 
 
 def test_a_resumed_replay_counts_what_is_no_longer_archived() -> None:
-    assert plan.done_before(matched=5000, still_selected=3571) == 1429
-    assert plan.done_before(matched=10, still_selected=12) == 0, "never negative"
+    assert replay_status.done_before(matched=5000, still_selected=3571) == 1429
+    assert replay_status.done_before(matched=10, still_selected=12) == 0, "never negative"
 
 
 def test_the_start_is_read_back_from_status_only_when_complete() -> None:
-    status = {"startTime": plan.timestamp(NOW), "archived": 10, "matched": 4, "serviceName": "billing"}
-    began = plan.started({**status, "observedGeneration": 1})
-    assert began == plan.Started(NOW, 10, 4, "billing", 1, None)
+    status = {"startTime": replay_status.timestamp(NOW), "archived": 10, "matched": 4, "serviceName": "billing"}
+    began = replay_status.started({**status, "observedGeneration": 1})
+    assert began == replay_status.Started(NOW, 10, 4, "billing", 1, None)
     # Begun without a count: its first walk counts (matched is written once known)
-    assert plan.started({**status, "matched": None}) == plan.Started(NOW, 10, None, "billing", None, None)
-    assert plan.started({**status, "archived": None}) is None
-    assert plan.started({}) is None
-    assert plan.spec_changed(2, began)
-    assert not plan.spec_changed(1, began)
+    assert replay_status.started({**status, "matched": None}) == replay_status.Started(
+        NOW, 10, None, "billing", None, None
+    )
+    assert replay_status.started({**status, "archived": None}) is None
+    assert replay_status.started({}) is None
+    assert replay_status.spec_changed(2, began)
+    assert not replay_status.spec_changed(1, began)
 
 
 def test_start_time_is_a_millisecond_read_back_exactly() -> None:
-    assert plan.start_time(NOW + 0.9) == NOW + 0.9
-    assert plan.start_time(NOW + 0.1234) == NOW + 0.123
+    assert replay_status.start_time(NOW + 0.9) == NOW + 0.9
+    assert replay_status.start_time(NOW + 0.1234) == NOW + 0.123
     for offset in range(0, 100_000, 7):  # written and read back, the same number (a resume selects the same events)
-        began = plan.start_time(NOW + offset / 1000 + 0.0004)
-        assert plan.parse_time(plan.start_timestamp(began)) == began
-    assert plan.start_timestamp(NOW + 0.05) == plan.timestamp(NOW)[:-1] + ".050Z"
+        began = replay_status.start_time(NOW + offset / 1000 + 0.0004)
+        assert replay_spec.parse_time(replay_status.start_timestamp(began)) == began
+    assert replay_status.start_timestamp(NOW + 0.05) == replay_status.timestamp(NOW)[:-1] + ".050Z"
 
 
 @pytest.mark.parametrize(
@@ -119,28 +122,28 @@ def test_start_time_is_a_millisecond_read_back_exactly() -> None:
     ],
 )
 def test_finished(conditions: list[dict[str, Any]], finished: bool) -> None:
-    assert plan.finished({"conditions": conditions}) is finished
+    assert replay_status.finished({"conditions": conditions}) is finished
 
 
 def test_status_shows_names_and_ids_never_arguments() -> None:
-    view = plan.message_view(archived())
+    view = replay_status.message_view(archived())
     assert view == {
         "event": "e",
         "taskId": "t-1",
         "exception": "TypeError",
-        "archivedAt": plan.timestamp(CREATED_AT - 600),
+        "archivedAt": replay_status.timestamp(CREATED_AT - 600),
     }
     assert "4111" not in str(view)
-    assert plan.message_view(None) is None
+    assert replay_status.message_view(None) is None
 
 
 def test_a_run_from_start_to_end() -> None:
-    replay = plan.understand(body({"filter": {"events": ["e"]}, "limit": 250, "ratePerSecond": 50}))
-    start = plan.begun([], replay, service_name="billing", started_at=NOW, archived=1000, matched=300)
+    replay = replay_spec.understand(body({"filter": {"events": ["e"]}, "limit": 250, "ratePerSecond": 50}))
+    start = replay_status.begun([], replay, service_name="billing", started_at=NOW, archived=1000, matched=300)
     assert start.status_patch | {"conditions": None} == {
         "observedGeneration": 1,
         "serviceName": "billing",
-        "startTime": plan.timestamp(NOW)[:-1] + ".000Z",
+        "startTime": replay_status.timestamp(NOW)[:-1] + ".000Z",
         "archived": 1000,
         "matched": 300,
         "replayed": 0,
@@ -154,10 +157,12 @@ def test_a_run_from_start_to_end() -> None:
     assert (started.type, started.reason) == ("Normal", "Started")
     assert "300 of 1000 archived events selected (events e; at most 250; 50/s), 250 to take" in started.message
 
-    counters = plan.progressed(replay, matched=300, done=100, unroutable=2, first={"event": "e"}, last={"event": "e"})
+    counters = replay_status.progressed(
+        replay, matched=300, done=100, unroutable=2, first={"event": "e"}, last={"event": "e"}
+    )
     assert (counters["replayed"], counters["skipped"], counters["remaining"]) == (100, 2, 148)
 
-    end = plan.ended(
+    end = replay_status.ended(
         start.status_patch["conditions"],
         replay,
         service_name="billing",
@@ -170,7 +175,7 @@ def test_a_run_from_start_to_end() -> None:
     [condition] = end.status_patch["conditions"]
     assert (condition["status"], condition["reason"]) == ("True", "Replayed")
     assert (end.status_patch["replayed"], end.status_patch["skipped"], end.status_patch["remaining"]) == (250, 50, 0)
-    assert end.status_patch["completionTime"] == plan.timestamp(NOW + 5)
+    assert end.status_patch["completionTime"] == replay_status.timestamp(NOW + 5)
     assert condition["message"] == (
         "250 of 300 selected archived events of billing sent back to its handler queues; 50 skipped (beyond the "
         "limit, or no queue takes them) stay archived; 700 other archived events were not selected"
@@ -179,19 +184,19 @@ def test_a_run_from_start_to_end() -> None:
 
 
 def test_a_purge_counts_purged() -> None:
-    replay = plan.understand(body({"action": "purge", "confirm": True}))
-    start = plan.begun([], replay, service_name="billing", started_at=NOW, archived=10, matched=10)
+    replay = replay_spec.understand(body({"action": "purge", "confirm": True}))
+    start = replay_status.begun([], replay, service_name="billing", started_at=NOW, archived=10, matched=10)
     assert start.status_patch["purged"] == 0
     assert "replayed" not in start.status_patch
-    end = plan.ended([], replay, service_name="billing", archived=10, matched=10, done=10, last=None, now=NOW)
+    end = replay_status.ended([], replay, service_name="billing", archived=10, matched=10, done=10, last=None, now=NOW)
     assert end.status_patch["conditions"][0]["reason"] == "Purged"
     assert "purged from the archive" in end.status_patch["conditions"][0]["message"]
 
 
 def test_a_dry_run_lists_what_would_go_bounded() -> None:
-    replay = plan.understand(body({"dryRun": True, "action": "purge"}))
+    replay = replay_spec.understand(body({"dryRun": True, "action": "purge"}))
     sample = [archived(task_id=f"t-{n}") for n in range(3)]
-    end = plan.dry_run_ended([], replay, service_name="billing", matched=40, preview=sample, now=NOW)
+    end = replay_status.dry_run_ended([], replay, service_name="billing", matched=40, preview=sample, now=NOW)
     assert [item["taskId"] for item in end.status_patch["preview"]] == ["t-0", "t-1", "t-2"]
     [condition] = end.status_patch["conditions"]
     assert (condition["status"], condition["reason"]) == ("True", "DryRun")
@@ -199,31 +204,36 @@ def test_a_dry_run_lists_what_would_go_bounded() -> None:
 
 
 def test_waiting_keeps_its_transition_time_and_follows_the_spec_only_before_the_start() -> None:
-    replay = plan.understand(body())
-    first = plan.waiting([], replay, plan.SERVICE_NOT_READY, "not Ready", began=None, now=NOW)
-    later = plan.waiting(
-        first.status_patch["conditions"], replay, plan.WAITING_FOR_REPLAY, "b goes first", began=None, now=NOW + 30
+    replay = replay_spec.understand(body())
+    first = replay_status.waiting([], replay, replay_status.SERVICE_NOT_READY, "not Ready", began=None, now=NOW)
+    later = replay_status.waiting(
+        first.status_patch["conditions"],
+        replay,
+        replay_status.WAITING_FOR_REPLAY,
+        "b goes first",
+        began=None,
+        now=NOW + 30,
     )
-    assert later.status_patch["conditions"][0]["lastTransitionTime"] == plan.timestamp(NOW), "still Unknown"
+    assert later.status_patch["conditions"][0]["lastTransitionTime"] == replay_status.timestamp(NOW), "still Unknown"
     assert later.status_patch["observedGeneration"] == 1
     assert later.events == (), "waiting posts no Event"
-    began = plan.Started(NOW, 1, 1, "billing", 1, None)
-    resumed = plan.waiting([], replay, plan.BROKER_UNAVAILABLE, "down", began=began, now=NOW)
+    began = replay_status.Started(NOW, 1, 1, "billing", 1, None)
+    resumed = replay_status.waiting([], replay, replay_status.BROKER_UNAVAILABLE, "down", began=began, now=NOW)
     assert "observedGeneration" not in resumed.status_patch, "the generation it started with stays"
 
 
 def test_refused_and_failed_end_with_one_warning() -> None:
-    refused = plan.refused([], 1, InvalidSpecError("invalid spec: x"), now=NOW)
+    refused = replay_status.refused([], 1, InvalidSpecError("invalid spec: x"), now=NOW)
     [condition] = refused.status_patch["conditions"]
     assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec")
     assert condition["message"] == "invalid spec: x; nothing was touched"
     assert [(note.type, note.reason) for note in refused.events] == [("Warning", "InvalidSpec")]
     many = InvalidSpecError("; ".join(f"filter.taskIds.{n}: too long" for n in range(1000)))
-    bounded = plan.refused([], 1, many, now=NOW)
+    bounded = replay_status.refused([], 1, many, now=NOW)
     assert len(bounded.status_patch["conditions"][0]["message"]) < 1000, "a thousand problems, a bounded message"
     assert len(bounded.events[0].message) < 1000
-    failed = plan.failed([], 2, "SpecChanged", "changed", now=NOW)
-    assert failed.status_patch["completionTime"] == plan.timestamp(NOW)
+    failed = replay_status.failed([], 2, "SpecChanged", "changed", now=NOW)
+    assert failed.status_patch["completionTime"] == replay_status.timestamp(NOW)
     assert [(note.type, note.reason) for note in failed.events] == [("Warning", "SpecChanged")]
 
 
