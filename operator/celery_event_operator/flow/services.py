@@ -45,6 +45,7 @@ from celery_event_operator.core.service.conclusion import (
     conclude_unclaimed_deletion,
     status_of,
 )
+from celery_event_operator.core.service.next_steps import Rhythm
 from celery_event_operator.core.service.observations import (
     Evicted,
     LifecycleSeen,
@@ -253,7 +254,8 @@ class ServiceKeeper:
 
     def _conclude(self, body: Mapping[str, Any], seen: Observations) -> Conclusion:
         previous = self._status if self._status is not None else status_of(body)
-        conclusion = conclude(previous, seen, self._announced, _now())
+        rhythm = Rhythm(self.context.options.resync_seconds, API_RETRY_SECONDS, self._status_interval(body))
+        conclusion = conclude(previous, seen, self._announced, _now(), rhythm)
         self._status, self._announced = conclusion.status, conclusion.announced
         return conclusion
 

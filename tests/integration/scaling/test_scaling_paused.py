@@ -24,6 +24,7 @@ from celery_event_operator.core.broker import address as broker_address
 from celery_event_operator.core.broker.settings import BrokerSettings, TlsMaterial
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import Announced, conclude
+from celery_event_operator.core.service.next_steps import Rhythm
 from celery_event_operator.core.service.observations import Observations
 from celery_event_operator.flow import steps
 from tests.conftest import billing_sample
@@ -78,7 +79,8 @@ async def paused_events(kube: AsyncKubeApi, url: str, passes: int, **spec: Any) 
                 scale_max_age=0.0,
             )
             seen = Observations(1, understood.spec, queues=queues, scaling=scaling)
-            conclusion = conclude(status, seen, announced, datetime.datetime.now(tz=datetime.UTC))
+            rhythm = Rhythm(resync_seconds=30, api_retry_seconds=5, status_seconds=15)
+            conclusion = conclude(status, seen, announced, datetime.datetime.now(tz=datetime.UTC), rhythm)
             status, announced = conclusion.status, conclusion.announced
             found += [note.message for note in conclusion.events if note.reason == "ScalingPaused"]
     finally:

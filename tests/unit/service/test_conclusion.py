@@ -36,6 +36,7 @@ from celery_event_operator.core.service.conclusion import (
     patch_of,
     status_of,
 )
+from celery_event_operator.core.service.next_steps import NEXT_STEPS, Rhythm
 from celery_event_operator.core.service.observations import (
     Evicted,
     LifecycleSeen,
@@ -69,6 +70,7 @@ DEPTHS = (
 )
 SELECTOR = "celeryevents.io/service=billing"
 CLAIMANT = Claimant("operator", "default", "billing", "uid")
+RHYTHM = Rhythm(resync_seconds=30, api_retry_seconds=5, status_seconds=15)
 
 
 def reconciled(topology: DeclareOutcome = HEALTHY, **seen: Any) -> Observations:
@@ -83,8 +85,10 @@ def run(*passes: Observations, status: CeleryEventServiceStatus | None = None) -
     """Passes one after the other, each from the last one's status and memory, as the keeper runs them."""
     previous, announced, found = status or CeleryEventServiceStatus(), Announced(), []
     for number, seen in enumerate(passes):
-        conclusion = conclude(previous, seen, announced, NOW + datetime.timedelta(minutes=number))
+        conclusion = conclude(previous, seen, announced, NOW + datetime.timedelta(minutes=number), RHYTHM)
         previous, announced = conclusion.status, conclusion.announced
+        # Every condition that is not True says what happens next (a reason without its line fails here).
+        assert {c.reason for c in previous.conditions if c.status != "True"} <= set(NEXT_STEPS)
         found.append(conclusion)
     return found
 
@@ -687,7 +691,7 @@ def test_many_stuck_workers_are_named_up_to_a_bound_and_announced_a_few_per_pass
     found = run(*[status_passed(lifecycle=lifecycle(600, stuck))] * 3)
     message = next(c.message for c in found[0].status.conditions if c.type == "WorkersHealthy")
     assert message.count("no heartbeat") == 10
-    assert message.endswith("and 590 more (celery_event_operator_stuck_workers)")
+    assert "and 590 more (celery_event_operator_stuck_workers); each not said" in message
     assert [len(c.events) for c in found] == [5, 5, 5], "a few Events per pass, each pod once"
     assert len({note.message for c in found for note in c.events}) == 15
 
@@ -759,3 +763,41 @@ def test_the_grace_basis_is_written_again_only_with_the_grace() -> None:
         (120, longer.basis),
         (60, observed.basis),
     ]
+
+
+@pytest.mark.parametrize(
+    ("seen", "then"),
+    [
+        (
+            reconciled(workers=WorkersOutcome("h1", pods=2, pods_current=1)),
+            "1/2 pods run with settings h1; the others get them when they are created again (a rollout, a restart)",
+        ),
+        (
+            reconciled(workers=WorkersOutcome("h1", pods=2, pods_current=1, heal_after_seconds=300)),
+            "1/2 pods run with settings h1; the other 1 are evicted one at a time after 300 s without them",
+        ),
+        (
+            reconciled(topology=DeclareOutcome(TOPOLOGY, failure=BrokerUnavailableError("cannot reach h:5672"))),
+            "cannot reach h:5672; tried again within 30 s",
+        ),
+    ],
+    ids=["rollout-without-healing", "rollout-healing", "broker-unreachable"],
+)
+def test_a_condition_that_is_not_true_says_what_happens_next(seen: Observations, then: str) -> None:
+    [conclusion] = run(seen)
+    assert then in [c.message for c in conclusion.status.conditions]
+
+
+@pytest.mark.parametrize(
+    ("replace", "then"),
+    [
+        (True, '; each not said "not replaced" is evicted, one at a time, and its replacement watched'),
+        (False, "; none is replaced (workers.replaceStuckWorkers is off)"),
+    ],
+)
+def test_stuck_workers_say_whether_they_are_replaced(replace: bool, then: str) -> None:
+    spec = parse_spec({**GOOD_SPEC, "workers": {**GOOD_SPEC["workers"], "replaceStuckWorkers": replace}})
+    stuck = (StuckWorker("w-1", "no heartbeat for over 120 s while Running"),)
+    [conclusion] = run(status_passed(spec, lifecycle=lifecycle(2, stuck)))
+    message = next(c.message for c in conclusion.status.conditions if c.type == "WorkersHealthy")
+    assert message == f"w-1: no heartbeat for over 120 s while Running{then}"

@@ -28,6 +28,7 @@ from celery_event_operator.core.lifecycle.stuck import healthy_message
 from celery_event_operator.core.monitoring import report
 from celery_event_operator.core.scaling.depths import counters
 from celery_event_operator.core.service import ownership
+from celery_event_operator.core.service.next_steps import Rhythm, with_next_step
 from celery_event_operator.core.service.observations import (
     LifecycleSeen,
     MonitoringSeen,
@@ -130,11 +131,16 @@ def patch_of(status: CeleryEventServiceStatus) -> dict[str, Any]:
 
 
 def conclude(
-    previous: CeleryEventServiceStatus, seen: Observations, announced: Announced, now: datetime.datetime
+    previous: CeleryEventServiceStatus,
+    seen: Observations,
+    announced: Announced,
+    now: datetime.datetime,
+    rhythm: Rhythm,
 ) -> Conclusion:
     """The status after what `seen` observed, starting from `previous` (what was last written, else what the
-    resource shows), with the Events worth posting and the annotations to change."""
-    state = _Conditions(previous.conditions, seen.generation, now)
+    resource shows), with the Events worth posting and the annotations to change; `rhythm`: when the operator
+    looks again (said in every condition that is not True)."""
+    state = _Conditions(previous.conditions, seen.generation, now, rhythm)
     if seen.ownership is not None and not seen.ownership.claim.ours:
         return _conflict(previous, state, seen.ownership)
     if seen.ownership is not None and _was_conflict(state):
@@ -163,7 +169,7 @@ def conclude(
     if seen.scaling is not None:
         announced = _scaling(fields, state, seen.scaling, announced, scaling_wanted=_scaling_wanted(seen))
     if seen.lifecycle is not None:
-        announced = _lifecycle(state, seen.lifecycle, announced)
+        announced = _lifecycle(state, seen.lifecycle, announced, replacing=_replacing(seen))
     elif seen.spec is not None and seen.spec.workers is None:
         state.remove(WORKERS_HEALTHY)  # no workers to keep (any more)
         fields |= {"grace_period_seconds": None, "grace_period_basis": None}
@@ -264,14 +270,20 @@ def conclude_deletion(
 class _Conditions:
     """Accumulates condition updates and the Events their transitions deserve."""
 
-    def __init__(self, previous: Sequence[Condition], generation: int | None, now: datetime.datetime) -> None:
+    def __init__(
+        self, previous: Sequence[Condition], generation: int | None, now: datetime.datetime, rhythm: Rhythm
+    ) -> None:
         self.previous = list(previous)
         self.current = list(previous)
         self.generation = generation
         self.now = now
+        self.rhythm = rhythm
         self.events: list[EventNote] = []
 
     def set(self, type: str, status: ConditionStatus, reason: str, message: str, *, announce: bool = True) -> None:
+        """The condition as concluded; one that is not True says what happens next (next_steps.py)."""
+        if status != "True":
+            message = with_next_step(message, reason, self.rhythm)
         before = conditions.find(self.previous, type)
         self.current = conditions.updated(
             self.current,
@@ -296,6 +308,12 @@ class _Conditions:
 
 def _autoscaling(seen: Observations) -> bool:
     return seen.spec is not None and seen.spec.autoscaling.enabled
+
+
+def _replacing(seen: Observations) -> bool:
+    """Stuck workers are replaced (workers.replaceStuckWorkers)."""
+    workers = seen.spec.workers if seen.spec is not None else None
+    return workers is not None and workers.replace_stuck_workers
 
 
 def _scaling_wanted(seen: Observations) -> bool:
@@ -325,7 +343,7 @@ def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
             f"; the other {workers.pods - workers.pods_current} are evicted one at a time after "
             f"{workers.heal_after_seconds} s without them"
             if workers.heal_after_seconds is not None
-            else ""
+            else "; the others get them when they are created again (a rollout, a restart)"
         )
         message = f"{workers.pods_current}/{workers.pods} pods run with settings {workers.config_hash}{healing}"
         state.set(WORKERS_CONFIGURED, "False", "RolloutPending", message, announce=False)
@@ -489,9 +507,9 @@ def _scaling(
     return dataclasses.replace(announced, scale_problem=None, scaling_failure=scaling.failed)
 
 
-def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announced) -> Announced:
+def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announced, *, replacing: bool) -> Announced:
     """WorkersHealthy: does each Running worker work (what was checked, said as such)? One Warning per pod found
-    stuck, one when replacing pauses."""
+    stuck, one when replacing pauses; `replacing`: workers.replaceStuckWorkers (what happens next)."""
     if lifecycle.unchecked is not None:
         state.set(WORKERS_HEALTHY, "Unknown", "NotChecked", lifecycle.unchecked, announce=False)
         return announced
@@ -507,6 +525,10 @@ def _lifecycle(state: _Conditions, lifecycle: LifecycleSeen, announced: Announce
         message = f"{judgement.paused}. {message}"
         if announced.paused is None:
             state.events.append(EventNote("Warning", "ReplacementPaused", judgement.paused))
+    elif not replacing:
+        message += "; none is replaced (workers.replaceStuckWorkers is off)"
+    elif any(worker.replace for worker in stuck):
+        message += '; each not said "not replaced" is evicted, one at a time, and its replacement watched'
     state.set(WORKERS_HEALTHY, "False", "WorkersStuck", message, announce=False)
     new = [worker for worker in stuck if worker.pod not in announced.stuck]
     for worker in new[:STUCK_EVENTS_PER_PASS]:
