@@ -287,17 +287,13 @@ async def keep_lifecycle(
         memory.lower_since.clear()  # no cost kept this pass: a hold timed before is no hold now
     current = (config_hash, None)  # a pod admitted without settings (no hash) is judged too
     candidates = [pod for pod in running if config_hash is not None and pod.config_hash in current]
-    unchecked = None
-    if not spec.monitoring.enabled or metrics is None:
-        unchecked = "monitoring is off: the workers' heartbeats are not consumed"
-    elif queues.depths is None:
-        unchecked = f"queue lengths unknown: {queues.problem}"
-    elif config_hash is None:
-        unchecked = "the workers' settings are not known yet"
-    elif not events_consumed:
-        unchecked = "the service's Celery events are not consumed (see MonitoringReady)"
-    elif alarms:
-        unchecked = "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
+    unchecked = stuck.unchecked_because(
+        monitored=spec.monitoring.enabled and metrics is not None,
+        queues_problem=(queues.problem or "not counted") if queues.depths is None else None,
+        settings_known=config_hash is not None,
+        events_consumed=events_consumed,
+        alarmed=bool(alarms),
+    )
     # Judged unchecked too: what is unknown now resets what was being counted (silence counts afresh after it).
     judgement = stuck.judge(
         memory.stuck,

@@ -19,6 +19,7 @@ from celery_event_operator.core.lifecycle.stuck import (
     healthy_message,
     judge,
     task_limit,
+    unchecked_because,
 )
 from celery_event_operator.core.monitoring.running import RunningTask, RunningTasks
 from celery_event_operator.core.naming import pod_connection_name
@@ -473,3 +474,24 @@ def test_what_the_broker_did_not_list_is_said_with_why(unlisted: str | None, sai
     )
     assert found.consuming is None
     assert f"3 send heartbeats, consumers not listed ({said}): not judged on them" in healthy_message(found, THRESHOLD)
+
+
+ALARM_TEXT = "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
+
+
+@pytest.mark.parametrize(
+    ("facts", "why"),
+    [
+        ({}, None),
+        ({"monitored": False}, "monitoring is off: the workers' heartbeats are not consumed"),
+        ({"queues_problem": "HTTP 503"}, "queue lengths unknown: HTTP 503"),
+        ({"settings_known": False}, "the workers' settings are not known yet"),
+        ({"events_consumed": False}, "the service's Celery events are not consumed (see MonitoringReady)"),
+        ({"alarmed": True}, ALARM_TEXT),
+        ({"monitored": False, "alarmed": True}, "monitoring is off: the workers' heartbeats are not consumed"),
+    ],
+    ids=["judged", "monitoring-off", "queues-unknown", "settings-unknown", "not-consumed", "alarm", "first-wins"],
+)
+def test_why_the_workers_are_not_judged(facts: dict[str, Any], why: str | None) -> None:
+    known: dict[str, Any] = {"monitored": True, "queues_problem": None, "settings_known": True}
+    assert unchecked_because(**{**known, "events_consumed": True, "alarmed": False, **facts}) == why

@@ -155,6 +155,29 @@ def evicted(memory: StuckMemory, worker: StuckWorker, now: float) -> None:
     memory.evictions.append(_Eviction(worker.pod, worker.cause, worker.why, now, len(memory.running_since)))
 
 
+def unchecked_because(
+    *,
+    monitored: bool,
+    queues_problem: str | None,
+    settings_known: bool,
+    events_consumed: bool,
+    alarmed: bool,
+) -> str | None:
+    """Why the workers cannot be judged this pass (None: they can): nothing is judged on what is unknown — the
+    heartbeats, the queues, the current settings."""
+    if not monitored:
+        return "monitoring is off: the workers' heartbeats are not consumed"
+    if queues_problem is not None:
+        return f"queue lengths unknown: {queues_problem}"
+    if not settings_known:
+        return "the workers' settings are not known yet"
+    if not events_consumed:
+        return "the service's Celery events are not consumed (see MonitoringReady)"
+    if alarmed:
+        return "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
+    return None
+
+
 def judge(
     memory: StuckMemory,
     pods: Sequence[PodFacts],
