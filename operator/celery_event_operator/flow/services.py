@@ -6,12 +6,16 @@ call `reconcile` at once; the resource's one daemon calls `run`, which re-reconc
 runs a status pass every `statusIntervalSeconds`, each with jitter so that a thousand services do not act in the
 same second. Both passes of a resource run under one lock, and the keeper concludes from its own last status
 (not from a body the watch may not have refreshed yet).
+
+The keeper is the reconciler of one resource; what it keeps between passes lives in parts it owns, each with its
+own tests (tests/unit/flow/test_parts.py): the broker and events consumer it holds (hold.py), what it keeps of
+its workers (workers.py), its removal from the broker when the resource goes (deletion.py), and the one writer of
+its status (writer.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import json
 import logging
@@ -23,18 +27,12 @@ from typing import Any
 from celery_event_operator.core.api.metadata import ACCEPTED_IMMUTABLE_ANNOTATION
 from celery_event_operator.core.api.models import CeleryEventServiceSpec, CeleryEventServiceStatus
 from celery_event_operator.core.broker.alarms import Alarm
-from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import (
     BrokerUnavailableError,
     InvalidSpecError,
     KubeUnavailableError,
     OperatorError,
 )
-from celery_event_operator.core.injection import healing
-from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
-from celery_event_operator.core.lifecycle import stuck as stuck_memory
-from celery_event_operator.core.monitoring.consumer import EventsSubscription
-from celery_event_operator.core.naming import event_exchange_name, handler_queue_name, monitor_queue_name
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.conclusion import (
     Announced,
@@ -42,13 +40,10 @@ from celery_event_operator.core.service.conclusion import (
     PostEvents,
     conclude,
     conclude_deletion,
-    conclude_unclaimed_deletion,
     status_of,
 )
 from celery_event_operator.core.service.next_steps import Rhythm
 from celery_event_operator.core.service.observations import (
-    Evicted,
-    LifecycleSeen,
     MonitoringSeen,
     Observations,
     OwnershipSeen,
@@ -57,9 +52,11 @@ from celery_event_operator.core.service.observations import (
 )
 from celery_event_operator.core.service.ownership import Claim, Claimant, Holder, shown_refused
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod
-from celery_event_operator.core.topology.outcome import DeclareOutcome, Report
-from celery_event_operator.flow import steps
+from celery_event_operator.core.topology.outcome import DeclareOutcome
+from celery_event_operator.flow import deletion, steps
+from celery_event_operator.flow.hold import BrokerHold
 from celery_event_operator.flow.ports import KeeperContext, ServiceBroker
+from celery_event_operator.flow.workers import Workers
 from celery_event_operator.flow.writer import Annotate, StatusWriter
 
 # The workers' ConfigMap and rollout stamp are checked on every spec change and at least this often
@@ -94,15 +91,10 @@ class ServiceKeeper:
         self._writer = StatusWriter(context.cluster.patch_status, context.cluster.annotate, namespace, name, logger)
         self._status: CeleryEventServiceStatus | None = None  # as last concluded (None: not yet, use the body's)
         self._announced = Announced()
-        self._broker: ServiceBroker | None = None
-        self._subscription: EventsSubscription | None = None
-        self._service: str | None = None
-        self._workers: tuple[int | None, float, WorkersOutcome] | None = None  # generation, when, outcome
-        self._scaler = steps.ScalerMemory()
-        self._healing = healing.HealingMemory()
-        self._lifecycle_memory = steps.LifecycleMemory()
         self._declare_memory = steps.DeclareMemory()
-        self._swept_at = time.monotonic()
+        self._hold = BrokerHold(context, namespace, name, self._declare_memory, logger)
+        self._service: str | None = None
+        self.workers = Workers(context, namespace, logger)
         self._refreshed_at: float | None = None  # the last status pass
         self.resync_requested = asyncio.Event()
         self._deleting = False  # the resource is being deleted: its entities are removed, nothing is declared
@@ -110,7 +102,6 @@ class ServiceKeeper:
         self._by_generation = specs.GenerationCache[specs.Understood | InvalidSpecError](1)
         # The last claim on the service's topology was ours; None: none made by this process yet (the status tells).
         self._owner: bool | None = None
-        self._settings: BrokerSettings | None = None  # the broker settings last read from the Secret
 
     # --- the two passes ---------------------------------------------------------------------
 
@@ -131,13 +122,13 @@ class ServiceKeeper:
         generation = specs.generation_of(body)
         if isinstance(found, InvalidSpecError) or changed is not None:
             # An immutable field changed: nothing is touched (a renamed service would get a second topology).
-            await self._let_go()
+            await self._hold.let_go()
             invalid = found if isinstance(found, InvalidSpecError) else changed
             await self._write_unacted(body, Observations(generation, invalid=invalid), {}, annotate)
             return
         self._service = found.service
         claimant = self._claimant(body)
-        broker, unusable, settings_unavailable = await self._broker_for(found, claimant)
+        broker, unusable, settings_unavailable = await self._hold.broker_for(found, claimant, owner=self._owner)
         declared = specs.declared_entities(body)
         remembered = {ACCEPTED_IMMUTABLE_ANNOTATION: json.dumps(accepted, sort_keys=True)}
         if self._owner is None:  # the operator restarted: a claim the broker cannot answer now must not act on it
@@ -165,7 +156,7 @@ class ServiceKeeper:
             ownership = OwnershipSeen(found.service, claimant, claimed, broker.display)
             self._owner = claimed.ours
             if not claimed.ours:
-                await self._stop_events(found.service)
+                self._stop_events(found.service)
                 seen = Observations(generation, found.spec, ownership=ownership)
                 await self._write_unacted(body, seen, remembered, annotate)
                 return
@@ -180,14 +171,14 @@ class ServiceKeeper:
             topology = await steps.declare(
                 broker, unusable, found.topology, declared, unchanged=unchanged, memory=self._declare_memory
             )
-        workers = await self._workers_outcome(body, generation, found, pods)
+        workers = await self.workers.outcome(body, generation, found, pods)
         # The Kubernetes API did not answer a read of this pass: asked again soon, not a whole resync later.
         self._api_retry = (
             settings_unavailable is not None
             or workers.unavailable is not None
             or isinstance(unusable, KubeUnavailableError)
         )
-        await self._follow_events(found, broker)
+        self._hold.follow_events(found, broker)
         queues = scaling = None
         if self._refreshed_at is None and broker is not None:  # the first time, counters come with the conditions
             queues, scaling = await self._count(found, broker, pods, pods(found.service))
@@ -223,13 +214,15 @@ class ServiceKeeper:
         async with self.lock:
             # Read together, before any wait: the watch may swap a later generation into the body meanwhile.
             found, generation = self._understood(body), specs.generation_of(body)
-            broker = self._broker
+            broker = self._hold.broker
             if isinstance(found, InvalidSpecError) or broker is None or self._deleting or not self._owner:
                 return  # the reconcile reports why
             live = pods(found.service)  # one look at the watched pods for the whole pass
             queues, scaling = await self._count(found, broker, pods, live)
             alarms = await self._alarms(found, broker)
-            lifecycle = await self._lifecycle(found, broker, live, queues, alarms)
+            subscription = self._hold.subscription
+            consumed = subscription is not None and subscription.problem is None
+            lifecycle = await self.workers.lifecycle(found, broker, live, queues, alarms, events_consumed=consumed)
             metrics, now = self.context.metrics.find(self.namespace, found.service), time.monotonic()
             grace = steps.grace(found, metrics, now)
             timeout = self.context.options.broker_consumer_timeout_seconds
@@ -239,7 +232,7 @@ class ServiceKeeper:
                 queues=queues,
                 scaling=scaling,
                 lifecycle=lifecycle,
-                evicted=await self._heal(found, live, lifecycle),
+                evicted=await self.workers.heal(found, live, lifecycle),
                 monitoring=self._monitoring(found, broker),
                 overflowing=self._overflowing(found),
                 alarms=alarms,
@@ -283,7 +276,7 @@ class ServiceKeeper:
                 now = time.monotonic()
                 if now >= next_resync or self.resync_requested.is_set():
                     self.resync_requested.clear()
-                    if self._broker is not None and self._broker.events.login_refused:
+                    if self._hold.broker is not None and self._hold.broker.events.login_refused:
                         self._forget_secret(body)
                     await self.reconcile(body, pods, resync=True)
                     every = min(resync_every, API_RETRY_SECONDS) if self._api_retry else resync_every
@@ -334,62 +327,30 @@ class ServiceKeeper:
         found = specs.understand(specs.as_accepted(body))  # the service it was acting on, whatever changed since
         if isinstance(found, InvalidSpecError):
             return None, None
-        brokers = self.context.brokers
-        try:
-            try:
-                settings = await brokers.settings(self.namespace, found.spec)
-            except OperatorError:
-                if self._settings is None:
-                    raise
-                # The Secret went first (its namespace is being deleted): the broker last used is the one it owns.
-                settings = self._settings
-            broker = brokers.acquire(settings)
-        except OperatorError as exc:
-            return DeclareOutcome(found.topology, failure=exc), None
-        claimant = self._claimant(body)
-        try:
-            # Confirmed ours before anything is removed: another's entities are never touched, nor those of a name
-            # nobody claimed (a resource of the version before claims, its sibling not reconciled yet).
-            claimed = await steps.claim_at_deletion(broker, found.service, claimant)
-            if isinstance(claimed, OperatorError):
-                return DeclareOutcome(found.topology, broker.display, claimed), None
-            if not claimed.ours:
-                return DeclareOutcome(found.topology, broker.display), claimed.holder
-            outcome = DeclareOutcome(found.topology, broker.display)
-            if remove and claimed.fresh:
-                self.post(conclude_unclaimed_deletion(found.service))
-                outcome = DeclareOutcome(found.topology, broker.display, report=Report())  # nothing removed
-            elif remove:
-                outcome = await steps.declare(broker, None, found.topology, specs.declared_entities(body), remove=True)
-            if outcome.failure is None:  # released last: until then no other resource declares anything of it
-                released = await steps.release(broker, found.service, claimant)
-                if isinstance(released, OperatorError):
-                    return dataclasses.replace(outcome, failure=released), None
-            return outcome, None
-        finally:
-            await brokers.release(broker.key)
-
-    async def _release_claim(self, broker: ServiceBroker, service: str, claimant: Claimant) -> None:
-        released = await steps.release(broker, service, claimant)
-        if isinstance(released, OperatorError):
-            self._logger.warning("the claim of %r on %s stays: %s", service, broker.display, released)
+        return await deletion.remove(
+            self.context.brokers,
+            self.namespace,
+            found,
+            specs.declared_entities(body),
+            self._claimant(body),
+            remove=remove,
+            last_settings=self._hold.settings,
+            post=self.post,
+        )
 
     def _claimant(self, body: Mapping[str, Any]) -> Claimant:
         uid = (body.get("metadata") or {}).get("uid")
         return Claimant(self.context.options.installation_id, self.namespace, self.name, str(uid or ""))
 
-    async def _stop_events(self, service: str) -> None:
+    def _stop_events(self, service: str) -> None:
         """No events consumer, no series and no status passes counted for a service this resource does not own."""
-        if self._subscription is not None and self._broker is not None:
-            self._broker.events.unsubscribe(self._subscription)
-        self._subscription = None
-        self.context.metrics.remove(self.namespace, service)
+        self._hold.stop_events(service)
         self.context.metrics.forget_status(self.namespace, self.name)
 
     async def close(self) -> None:
         """The resource is gone (or the operator stops): its consumer, broker and series let go."""
         async with self.lock:
-            await self._let_go()
+            await self._hold.let_go()
             if self._service is not None:
                 self.context.metrics.remove(self.namespace, self._service)
             self.context.metrics.forget_status(self.namespace, self.name)
@@ -399,68 +360,6 @@ class ServiceKeeper:
     def _understood(self, body: Mapping[str, Any]) -> specs.Understood | InvalidSpecError:
         """The validated spec and its plan, worked out once per generation."""
         return self._by_generation.get(body, lambda: specs.understand(body))
-
-    async def _broker_for(
-        self, understood: specs.Understood, claimant: Claimant
-    ) -> tuple[ServiceBroker | None, OperatorError | None, str | None]:
-        """The broker of the service's current settings (switching when the Secret changed), or why none; and,
-        when the Secret has not been readable for long, why the broker of the settings last read is kept. Moving
-        to another broker or vhost releases the claim on the one left (new credentials for the same one keep it)."""
-        brokers = self.context.brokers
-        try:
-            settings = await brokers.settings(self.namespace, understood.spec)
-            self._settings = settings
-            if self._broker is not None and self._broker.key == settings.key:
-                return self._broker, None, None
-            broker = brokers.acquire(settings)  # its TLS material is checked here
-        except KubeUnavailableError as exc:
-            # The API's fault, not the Secret's: the broker and the events consumer stay as they are.
-            if self._broker is not None:
-                return self._broker, None, str(exc)
-            return None, exc, None
-        except OperatorError as exc:
-            await self._let_go()
-            return None, exc, None
-        self._declare_memory.clean = None  # declared afresh as these settings: their rights may differ
-        if self._broker is not None:
-            self._logger.info("broker settings of %s changed: moving to %s", self.name, broker.display)
-            if self._owner and broker.display != self._broker.display:
-                await self._release_claim(self._broker, understood.service, claimant)
-        await self._let_go()
-        self._broker = broker
-        return broker, None, None
-
-    async def _let_go(self) -> None:
-        if self._subscription is not None and self._broker is not None:
-            self._broker.events.unsubscribe(self._subscription)
-        self._subscription = None
-        if self._broker is not None:
-            broker, self._broker = self._broker, None
-            await self.context.brokers.release(broker.key)
-
-    async def _follow_events(self, understood: specs.Understood, broker: ServiceBroker | None) -> None:
-        """Consume the service's Celery events from its broker while monitoring is on."""
-        service = understood.service
-        if broker is None or not understood.spec.monitoring.enabled:
-            if self._subscription is not None and self._broker is not None:
-                self._broker.events.unsubscribe(self._subscription)
-                self._subscription = None
-                self.context.metrics.remove(self.namespace, service)
-            return
-        monitoring = understood.spec.monitoring
-        metrics = self.context.metrics.service(
-            self.namespace, service, monitoring.per_pod_task_series, monitoring.max_task_names
-        )
-        # queue_name of the handlers' task events (none of which says the queue it was consumed from)
-        metrics.handler_queues = {h.name: handler_queue_name(service, h.name) for h in understood.spec.events.handlers}
-        queue = monitor_queue_name(service)
-        if self._subscription is not None and self._subscription.queue == queue:
-            return
-        if self._subscription is not None:
-            broker.events.unsubscribe(self._subscription)
-        self._subscription = broker.events.subscribe(
-            f"{self.namespace}/{service}", queue, event_exchange_name(service), metrics
-        )
 
     async def _alarms(self, understood: specs.Understood, broker: ServiceBroker | None) -> tuple[Alarm, ...] | None:
         """The broker's resource alarms (listed once per broker and half interval); into the service's metrics."""
@@ -473,146 +372,18 @@ class ServiceKeeper:
         return alarms
 
     def _monitoring(self, understood: specs.Understood, broker: ServiceBroker | None) -> MonitoringSeen:
-        return steps.monitoring(understood.spec.monitoring.enabled, self._subscription, broker)
-
-    async def _workers_outcome(
-        self, body: Mapping[str, Any], generation: int | None, understood: specs.Understood, pods: PodsOf
-    ) -> WorkersOutcome:
-        """The ConfigMap and rollout stamp (checked per generation and every WORKERS_CHECK_SECONDS), the pods;
-        `understood` is of `generation` (the body may hold a later one by now: kopf's watch keeps it current)."""
-        now = time.monotonic()
-        hashes = [pod.config_hash for pod in pods(understood.service)]
-        if self._workers is not None:
-            checked_generation, checked_at, outcome = self._workers
-            if checked_generation == generation and now - checked_at < WORKERS_CHECK_SECONDS:
-                counted = count_pods(outcome.config_hash, hashes)
-                outcome = dataclasses.replace(
-                    outcome, pods=counted.pods, pods_current=counted.pods_current, stamped=None
-                )
-                return dataclasses.replace(outcome, heal_after_seconds=self._heal_after(understood))
-        outcome = await self.context.cluster.sync_workers(
-            owner=dict(body), service=understood.service, spec=understood.spec, pod_hashes=hashes
-        )
-        if outcome.unavailable is None:
-            # A failure is checked again at the next pass: a workload created after its service (kubectl apply of
-            # a folder, a Helm chart's order) is stamped then, not WORKERS_CHECK_SECONDS later.
-            failed = outcome.configmap_error is not None or outcome.target_error is not None
-            self._workers = None if failed else (generation, now, outcome)
-        elif self._workers is not None and self._workers[0] != generation:
-            self._workers = None  # the previous generation's hash must not judge the pods of this one
-        return dataclasses.replace(outcome, heal_after_seconds=self._heal_after(understood))
-
-    def _heal_after(self, understood: specs.Understood) -> int | None:
-        """Seconds after which a pod without the current settings is evicted; None: never. Only an operator
-        that serves the webhook heals (without it, no pod carries the settings hash)."""
-        workers = understood.spec.workers
-        if self.context.options.webhook is None or workers is None or not workers.heal_unconfigured_pods:
-            return None
-        return workers.heal_after_seconds
-
-    async def _lifecycle(
-        self,
-        understood: specs.Understood,
-        broker: ServiceBroker,
-        live: list[WorkerPod],
-        queues: QueuesSeen,
-        alarms: tuple[Alarm, ...] | None,
-    ) -> LifecycleSeen | None:
-        """Deletion costs kept, stuck workers found."""
-        metrics = self.context.metrics.find(self.namespace, understood.service)
-        subscription = self._subscription
-        seen = await steps.keep_lifecycle(
-            self.context.cluster,
-            broker,
-            self.namespace,
-            understood,
-            pods=live,
-            metrics=metrics,
-            memory=self._lifecycle_memory,
-            queues=queues,
-            events_consumed=subscription is not None and subscription.problem is None,
-            alarms=alarms,
-            config_hash=self._workers[2].config_hash if self._workers is not None else None,
-            now=time.monotonic(),
-            logger=self._logger,
-        )
-        if metrics is not None:
-            judged = seen is not None and seen.unchecked is None
-            metrics.stuck_workers = len(seen.stuck) if seen is not None and judged else None
-            metrics.replacement_paused = (seen.judgement.paused is not None) if seen is not None and judged else None
-        return seen
-
-    async def _heal(
-        self, understood: specs.Understood, live: list[WorkerPod], lifecycle: LifecycleSeen | None
-    ) -> Evicted | None:
-        """Evict the next stuck worker, or pod without the current settings, when one is due."""
-        heal_after, workers = self._heal_after(understood), understood.spec.workers
-        if workers is None:
-            return None
-        replace = lifecycle is not None and workers.replace_stuck_workers
-        stuck = {w.pod: w for w in lifecycle.stuck if w.replace} if lifecycle is not None and replace else {}
-        if heal_after is None and not stuck:
-            return None
-        now = time.monotonic()
-        evicted = await steps.heal(
-            self.context.cluster,
-            self.namespace,
-            self._healing,
-            live,
-            self._workers[2].config_hash if heal_after is not None and self._workers is not None else None,
-            stuck={pod: worker.why for pod, worker in stuck.items()},
-            busy=lifecycle.busy if lifecycle is not None else frozenset(),
-            heal_old=workers.rollout_on_change,
-            grace_seconds=heal_after or workers.heal_after_seconds,
-            now=now,
-            logger=self._logger,
-        )
-        if evicted is not None and evicted.pod in stuck:
-            stuck_memory.evicted(self._lifecycle_memory.stuck, stuck[evicted.pod], now)
-        return evicted
+        return steps.monitoring(understood.spec.monitoring.enabled, self._hold.subscription, broker)
 
     async def _count(
         self, understood: specs.Understood, broker: ServiceBroker, pods: PodsOf, live: list[WorkerPod]
     ) -> tuple[QueuesSeen, ScalingSeen]:
-        """The queue depths and the workers' replicas (scaled when wished); recorded into the service's metrics."""
-        spec = understood.spec
-        queues = await steps.queues(broker, understood.topology, spec.status_interval_seconds / 2)
-        scaling = await steps.scale_workers(
-            self.context.cluster,
-            self.namespace,
-            understood,
-            queues=queues,
-            running=len(live),
-            memory=self._scaler,
-            now=time.monotonic(),
-            scale_max_age=SCALE_READ_RESYNCS * self.context.options.resync_seconds,
-        )
-        self._record_metrics(understood.service, queues, scaling, [pod.name for pod in live])
-        metrics = self.context.metrics.find(self.namespace, understood.service)
-        if metrics is not None:  # the hostnames its series keep: its live pods (the watched pods, read when needed)
-            metrics.live_pods = lambda: (pod.name for pod in pods(understood.service))
-        self.context.metrics.status_refreshed(self.namespace, self.name, spec.status_interval_seconds)
+        """The queue depths and the workers' replicas, and this pass counted as the status's refresh."""
+        counted = await self.workers.count(understood, broker, pods, live)
+        self.context.metrics.status_refreshed(self.namespace, self.name, understood.spec.status_interval_seconds)
         self._refreshed_at = time.monotonic()
-        return queues, scaling
+        return counted
 
     def _overflowing(self, understood: specs.Understood) -> dict[str, tuple[int, int]] | None:
         """The service's metric labels past their bound (None: no metrics)."""
         metrics = self.context.metrics.find(self.namespace, understood.service)
         return metrics.overflowing() if metrics is not None else None
-
-    def _record_metrics(self, service: str, queues: QueuesSeen, scaling: ScalingSeen, live: list[str]) -> None:
-        metrics = self.context.metrics.find(self.namespace, service)
-        if metrics is None:
-            return
-        if queues.depths is not None:  # celery_queue_length & co.
-            metrics.queue_length = {(depth.queue, depth.role): depth.waiting for depth in queues.depths}
-            metrics.queue_consumers = {d.queue: d.consumers for d in queues.depths if d.role == "events"}
-        metrics.replicas = scaling.replicas
-        # the autoscaler's or spec's wish, else what the workload itself asks for
-        metrics.desired_replicas = scaling.desired if scaling.desired is not None else scaling.workload
-        now = time.monotonic()
-        if now - self._swept_at >= SWEEP_SECONDS:
-            self._swept_at = now
-            gone = metrics.sweep(live, now, SILENCE_SECONDS)
-            if gone:
-                self._logger.info("series of workers no longer seen removed: %s", ", ".join(gone))

@@ -270,7 +270,7 @@ async def test_the_api_not_answering_keeps_the_broker_the_consumer_and_the_condi
         "cannot read Secret shop/rabbitmq: does not answer (for 60 s)"
     )
     harness.cluster.workers_unavailable = "cannot read ConfigMap shop/billing-celery-events: HTTP 500"
-    harness.keeper._workers = None  # due for its check
+    harness.keeper.workers.checked = None  # due for its check
     await harness.reconcile()
     assert harness.brokers.users == 1
     assert harness.broker.events.subscriptions == [consumer]
