@@ -23,7 +23,7 @@ async def remove(
     declared: Declared,
     claimant: Claimant,
     *,
-    remove: bool,
+    remove_entities: bool,
     last_settings: BrokerSettings | None,
     post: PostEvents,
 ) -> tuple[DeclareOutcome, Holder | None]:
@@ -49,10 +49,10 @@ async def remove(
         if not claimed.ours:
             return DeclareOutcome(understood.topology, broker.display), claimed.holder
         outcome = DeclareOutcome(understood.topology, broker.display)
-        if remove and claimed.fresh:
+        if remove_entities and claimed.fresh:
             post(conclude_unclaimed_deletion(understood.service))
             outcome = DeclareOutcome(understood.topology, broker.display, report=Report())  # nothing removed
-        elif remove:
+        elif remove_entities:
             outcome = await steps.declare(broker, None, understood.topology, declared, remove=True)
         if outcome.failure is None:  # released last: until then no other resource declares anything of it
             released = await steps.release(broker, understood.service, claimant)

@@ -2,7 +2,8 @@
 
 Taken on the first reconcile, switched when the Secret names another broker or vhost (the claim on the one left is
 released: new credentials for the same one keep it), kept while only the Kubernetes API fails to answer (that is
-not the Secret's fault), and let go when the settings become unusable, the resource goes or the operator stops.
+not the Secret's fault), and let go when the settings become unusable, the spec cannot be acted on, the resource
+goes or the operator stops.
 """
 
 from __future__ import annotations

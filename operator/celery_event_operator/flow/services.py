@@ -59,15 +59,6 @@ from celery_event_operator.flow.ports import KeeperContext, ServiceBroker
 from celery_event_operator.flow.workers import Workers
 from celery_event_operator.flow.writer import Annotate, StatusWriter
 
-# The workers' ConfigMap and rollout stamp are checked on every spec change and at least this often
-# (not on every resync: two API reads per service and resync would dominate at a thousand services).
-WORKERS_CHECK_SECONDS = 300.0
-# The workload's desired replicas are read every this many resyncs (and before any change of them).
-SCALE_READ_RESYNCS = 4
-# A worker outside Kubernetes (no pod) that was not heard from this long is gone (Celery heartbeats every 2 s;
-# task events count as signs of life too); workers are swept at most this often.
-SILENCE_SECONDS = 300.0
-SWEEP_SECONDS = 30.0
 # How often an invalid spec's status pass comes (it does nothing): the spec's own default.
 DEFAULT_STATUS = CeleryEventServiceSpec.model_fields["status_interval_seconds"].default
 # A reconcile that met the Kubernetes API not answering is made again this soon (at most every resync).
@@ -247,7 +238,7 @@ class ServiceKeeper:
 
     def _conclude(self, body: Mapping[str, Any], seen: Observations) -> Conclusion:
         previous = self._status if self._status is not None else status_of(body)
-        rhythm = Rhythm(self.context.options.resync_seconds, API_RETRY_SECONDS, self._status_interval(body))
+        rhythm = Rhythm(self.context.options.resync_seconds, self._status_interval(body))
         conclusion = conclude(previous, seen, self._announced, _now(), rhythm)
         self._status, self._announced = conclusion.status, conclusion.announced
         return conclusion
@@ -333,7 +324,7 @@ class ServiceKeeper:
             found,
             specs.declared_entities(body),
             self._claimant(body),
-            remove=remove,
+            remove_entities=remove,
             last_settings=self._hold.settings,
             post=self.post,
         )

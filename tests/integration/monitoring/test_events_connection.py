@@ -255,8 +255,18 @@ def connection_tasks() -> list[asyncio.Task[Any]]:
     return [task for task in asyncio.all_tasks() if task.get_name().startswith("events connection")]
 
 
-@pytest.mark.parametrize("replies", [1, 2, 3, 4, 5, 6])
+def with_password(url: str, password: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"guest:{password}@{parts.hostname}:{parts.port or 5672}"))
+
+
+@pytest.mark.parametrize(
+    ("password", "replies"),
+    [*((None, replies) for replies in range(1, 7)), ("wrong", 2)],
+    ids=[*(f"answer-{replies}" for replies in range(1, 7)), "login-refused"],
+)
 def test_a_close_in_the_step_a_broker_reply_lands_ends_the_connection(
+    password: str | None,
     replies: int,
     monkeypatch: pytest.MonkeyPatch,
     test_vhost_url: str,
@@ -265,9 +275,10 @@ def test_a_close_in_the_step_a_broker_reply_lands_ends_the_connection(
 ) -> None:
     """close() cancels the connection's task. A cancel made in the step a broker reply finished the awaited future
     was lost (Python 3.11's wait_for returned the reply instead): the connection consumed on and its close() never
-    returned — a deletion waited 30 s behind it, once in twenty. A close() from another task lands in that step
-    only by chance; here the cancel is made from data_received itself, after the `replies`-th answer (connection
-    start, tune, open, the channels, the declare)."""
+    returned — a deletion waited 30 s behind it, once in twenty. Nor may a cancel that lands with the broker's
+    refusal of the login (its connection.close, the 2nd answer) be read as that refusal and retried. A close() from
+    another task lands in that step only by chance; here the cancel is made from data_received itself, after the
+    `replies`-th answer (connection start, tune, open, the channels, the declare)."""
     original = events_connection._Session.data_received
     seen = 0
 
@@ -280,7 +291,7 @@ def test_a_close_in_the_step_a_broker_reply_lands_ends_the_connection(
                 task.cancel()
 
     monkeypatch.setattr(events_connection._Session, "data_received", cancelling)
-    subject = Running(test_vhost_url)
+    subject = Running(test_vhost_url if password is None else with_password(test_vhost_url, password))
     try:
         eventually(lambda: seen >= replies, timeout=10, message="the broker answered less than that")
         eventually(lambda: subject.call(connection_tasks) == [], timeout=10, message="the cancelled connection ran on")
@@ -309,10 +320,8 @@ def test_consumer_comes_back_when_the_broker_drops_its_connection(
 
 
 def test_refused_login_is_retried_and_never_shows_the_password(test_vhost_url: str) -> None:
-    parts = urllib.parse.urlsplit(test_vhost_url)
     sentinel = "sentinel-Pa55-w0rd"
-    wrong = urllib.parse.urlunsplit(parts._replace(netloc=f"guest:{sentinel}@{parts.hostname}:{parts.port or 5672}"))
-    subject = Running(wrong)
+    subject = Running(with_password(test_vhost_url, sentinel))
     try:
         eventually(
             lambda: subject.log().count("ACCESS_REFUSED") >= 2,

@@ -79,7 +79,7 @@ async def paused_events(kube: AsyncKubeApi, url: str, passes: int, **spec: Any) 
                 scale_max_age=0.0,
             )
             seen = Observations(1, understood.spec, queues=queues, scaling=scaling)
-            rhythm = Rhythm(resync_seconds=30, api_retry_seconds=5, status_seconds=15)
+            rhythm = Rhythm(resync_seconds=30, status_seconds=15)
             conclusion = conclude(status, seen, announced, datetime.datetime.now(tz=datetime.UTC), rhythm)
             status, announced = conclusion.status, conclusion.announced
             found += [note.message for note in conclusion.events if note.reason == "ScalingPaused"]

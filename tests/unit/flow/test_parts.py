@@ -100,7 +100,7 @@ async def test_a_deletion_whose_secret_went_first_removes_through_the_broker_las
     brokers.secret_failure = BrokerSecretError("Secret shop/rabbitmq does not exist")
     found, posted = understood(), []
     outcome, holder = await deletion.remove(
-        brokers, "shop", found, Declared(), CLAIMANT, remove=True, last_settings=SETTINGS, post=posted.extend
+        brokers, "shop", found, Declared(), CLAIMANT, remove_entities=True, last_settings=SETTINGS, post=posted.extend
     )
     broker = brokers.made[SETTINGS.key]
     assert (outcome.failure, holder) == (None, None)
@@ -109,7 +109,7 @@ async def test_a_deletion_whose_secret_went_first_removes_through_the_broker_las
     assert broker.claims == {}
     assert brokers.users == 0
     outcome, _ = await deletion.remove(
-        brokers, "shop", found, Declared(), CLAIMANT, remove=True, last_settings=None, post=posted.extend
+        brokers, "shop", found, Declared(), CLAIMANT, remove_entities=True, last_settings=None, post=posted.extend
     )
     assert isinstance(outcome.failure, BrokerSecretError), "no broker known: the Secret's failure, tried again"
 
@@ -120,13 +120,22 @@ async def test_a_deletion_of_a_service_another_resource_owns_touches_nothing() -
     brokers.users = 0
     other = Claimant("default", "shop2", "billing", "u2")
     broker.claims["billing"] = other
+    posted: list[Any] = []
     _, holder = await deletion.remove(
-        brokers, "shop", understood(), Declared(), CLAIMANT, remove=True, last_settings=None, post=lambda _: None
+        brokers,
+        "shop",
+        understood(),
+        Declared(),
+        CLAIMANT,
+        remove_entities=True,
+        last_settings=None,
+        post=posted.extend,
     )
     assert holder is not None
     assert (holder.namespace, holder.name) == ("shop2", "billing")
     assert broker.declares == []
     assert broker.claims == {"billing": other}
+    assert posted == [], "the keeper says whose it is (conclude_deletion)"
 
 
 async def test_the_workers_settings_are_checked_once_per_generation_and_again_after_a_failure() -> None:

@@ -335,7 +335,8 @@ def test_idle_workers_silent_all_at_once_are_not_judged_a_shared_cause_is_likeli
     found = judged(memory, 70.0, pod("a", 70.0), pod("b", 70.0, last_heard=1.0), pod("c", 70.0, last_heard=1.0))
     assert found == [
         "not judged: 2 of 3 idle workers that send heartbeats stopped at once: a cause they share (their network to "
-        "the broker, their node) is likelier than each one hanging; none is replaced"
+        "the broker, their node) is likelier than each one hanging; none is replaced (judged again once they "
+        "heartbeat)"
     ]
 
 
@@ -476,19 +477,26 @@ def test_what_the_broker_did_not_list_is_said_with_why(unlisted: str | None, sai
     assert f"3 send heartbeats, consumers not listed ({said}): not judged on them" in healthy_message(found, THRESHOLD)
 
 
-ALARM_TEXT = "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
+ALARM_TEXT = (
+    "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat (judged again "
+    "once the alarm clears)"
+)
+MONITORING_OFF = "monitoring is off: the workers' heartbeats are not consumed (judged once monitoring.enabled is true)"
 
 
 @pytest.mark.parametrize(
     ("facts", "why"),
     [
         ({}, None),
-        ({"monitored": False}, "monitoring is off: the workers' heartbeats are not consumed"),
-        ({"queues_problem": "HTTP 503"}, "queue lengths unknown: HTTP 503"),
-        ({"settings_known": False}, "the workers' settings are not known yet"),
-        ({"events_consumed": False}, "the service's Celery events are not consumed (see MonitoringReady)"),
+        ({"monitored": False}, MONITORING_OFF),
+        ({"queues_problem": "HTTP 503"}, "queue lengths unknown: HTTP 503 (judged once they are counted again)"),
+        ({"settings_known": False}, "the workers' settings are not known yet (judged once they are written)"),
+        (
+            {"events_consumed": False},
+            "the service's Celery events are not consumed (see MonitoringReady; judged once they are)",
+        ),
         ({"alarmed": True}, ALARM_TEXT),
-        ({"monitored": False, "alarmed": True}, "monitoring is off: the workers' heartbeats are not consumed"),
+        ({"monitored": False, "alarmed": True}, MONITORING_OFF),
     ],
     ids=["judged", "monitoring-off", "queues-unknown", "settings-unknown", "not-consumed", "alarm", "first-wins"],
 )

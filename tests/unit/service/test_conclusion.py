@@ -70,7 +70,7 @@ DEPTHS = (
 )
 SELECTOR = "celeryevents.io/service=billing"
 CLAIMANT = Claimant("operator", "default", "billing", "uid")
-RHYTHM = Rhythm(resync_seconds=30, api_retry_seconds=5, status_seconds=15)
+RHYTHM = Rhythm(resync_seconds=30, status_seconds=15)
 
 
 def reconciled(topology: DeclareOutcome = HEALTHY, **seen: Any) -> Observations:
@@ -778,7 +778,8 @@ def test_the_grace_basis_is_written_again_only_with_the_grace() -> None:
         ),
         (
             reconciled(topology=DeclareOutcome(TOPOLOGY, failure=BrokerUnavailableError("cannot reach h:5672"))),
-            "cannot reach h:5672; tried again within 30 s",
+            "cannot reach h:5672; tried again at the next resync (about every 30 s), and no more often than its "
+            "backoff allows (up to 60 s)",
         ),
     ],
     ids=["rollout-without-healing", "rollout-healing", "broker-unreachable"],

@@ -300,11 +300,11 @@ class EventsConnection:
         return self._session is not None
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # Waited for without taking its CancelledError: a cancel of the caller itself still goes through.
+            await asyncio.wait({task})
 
     # --- the connection's life ----------------------------------------------------------------
 
@@ -417,6 +417,11 @@ class EventsConnection:
             )
             await session.open_channel(CONSUME_CHANNEL)
             await session.open_channel(session.declare_channel)
+        except asyncio.CancelledError:
+            # Never turned into the broker's closing (even one that came in the same step): the connection is
+            # being closed, and a cancel read as a refused login would retry it with nobody waiting.
+            session.fail(ConnectionError("cancelled"))
+            raise
         except BaseException as exc:
             session.fail(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
             if session.closed.done() and isinstance(session.closed.result(), BrokerClosedError):

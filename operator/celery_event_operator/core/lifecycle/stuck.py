@@ -166,15 +166,18 @@ def unchecked_because(
     """Why the workers cannot be judged this pass (None: they can): nothing is judged on what is unknown — the
     heartbeats, the queues, the current settings."""
     if not monitored:
-        return "monitoring is off: the workers' heartbeats are not consumed"
+        return "monitoring is off: the workers' heartbeats are not consumed (judged once monitoring.enabled is true)"
     if queues_problem is not None:
-        return f"queue lengths unknown: {queues_problem}"
+        return f"queue lengths unknown: {queues_problem} (judged once they are counted again)"
     if not settings_known:
-        return "the workers' settings are not known yet"
+        return "the workers' settings are not known yet (judged once they are written)"
     if not events_consumed:
-        return "the service's Celery events are not consumed (see MonitoringReady)"
+        return "the service's Celery events are not consumed (see MonitoringReady; judged once they are)"
     if alarmed:
-        return "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat"
+        return (
+            "the broker blocks publishers (a resource alarm, see BrokerReachable): no worker can heartbeat (judged "
+            "again once the alarm clears)"
+        )
     return None
 
 
@@ -230,7 +233,7 @@ def judge(
         return Judgement(
             unchecked=f"{len(found.silent)} of {len(expected)} idle workers that send heartbeats stopped at once: a "
             "cause they share (their network to the broker, their node) is likelier than each one hanging; none is "
-            "replaced",
+            "replaced (judged again once they heartbeat)",
             judged=len(pods),
         )
     for silent in found.silent:

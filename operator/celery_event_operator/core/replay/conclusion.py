@@ -108,9 +108,8 @@ class SlotSeen:
 class BrokerFailure:
     message: str
     archive_not_found: bool = False  # the archive does not exist (else: the broker failed or refused)
-    reason: str = (
-        replay_status.BROKER_UNAVAILABLE
-    )  # why it waits: a refusal (a permission, an archive too large) says so
+    # Why it waits: a refusal (a permission, an archive too large) says so.
+    reason: str = replay_status.BROKER_UNAVAILABLE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,9 +202,7 @@ def conclude(observed: ReplayObserved, now: float) -> Step:
     walked = observed.last_pass
     counters = progress(replay, began, walked) if began is not None and walked is not None else {}
     if observed.halted == "stopped":
-        return Step(
-            "stop", replay_status.Decision(counters, ())
-        )  # resumed by the next operator (or the resource is gone)
+        return Step("stop", replay_status.Decision(counters, ()))  # resumed by the next operator (or it is gone)
     if changed or observed.halted == "spec changed":
         ended = spec_changed(previous, observed.generation, now=now)
         return Step("end", replay_status.Decision({**counters, **ended.status_patch}, ended.events))
@@ -213,9 +210,8 @@ def conclude(observed: ReplayObserved, now: float) -> Step:
         done = walked.done_before + walked.moved
         seen = observed.archive
         if began.matched is None and seen is None and observed.broker is None:
-            return Step(
-                "look", replay_status.Decision(counters, ())
-            )  # stopped in its first walk: counted (read only) first
+            # Stopped in its first walk: counted (read only) first.
+            return Step("look", replay_status.Decision(counters, ()))
         if began.matched is None and seen is not None and seen.selected is not None and not seen.held_elsewhere:
             began = dataclasses.replace(began, matched=moved_before(began, walked, seen) + seen.selected)
         ended = service_deleted(previous, replay, began, done=done, unroutable=walked.unroutable, now=now)

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from celery_event_operator.core.broker.address import ManagementURLRejectedError
 from celery_event_operator.core.broker.backoff import BACKOFF_MAX_SECONDS
 from celery_event_operator.core.errors import (
-    ArchiveNotFoundError,
     BrokerRefusedError,
     BrokerSecretError,
     BrokerUnavailableError,
@@ -36,7 +35,6 @@ class Rhythm:
     """When the operator looks at a service again by itself."""
 
     resync_seconds: float  # every resource is reconciled again (the operator's --resync-seconds)
-    api_retry_seconds: float  # sooner, when a read of the Kubernetes API was not answered
     status_seconds: float  # the service's statusIntervalSeconds: queue lengths, workers, alarms
 
 
@@ -44,8 +42,13 @@ def _seconds(value: float) -> str:
     return f"{value:.0f} s"
 
 
+def _resync(rhythm: Rhythm) -> str:
+    """A resync comes every --resync-seconds, jittered by a tenth, after the pass before it ended."""
+    return f"at the next resync (about every {_seconds(rhythm.resync_seconds)})"
+
+
 def _again(rhythm: Rhythm) -> str:
-    return f"tried again within {_seconds(rhythm.resync_seconds)}"
+    return f"tried again {_resync(rhythm)}"
 
 
 NEXT_STEPS: dict[str, Callable[[Rhythm], str] | None] = {
@@ -53,37 +56,40 @@ NEXT_STEPS: dict[str, Callable[[Rhythm], str] | None] = {
     InvalidSpecError.reason: lambda _: "nothing is done until the spec is corrected",
     ImmutableFieldChangedError.reason: None,  # "(set it back, or create a new resource)"
     # BrokerReachable, TopologyReady, Ready.
-    BrokerSecretError.reason: lambda r: f"the Secret is read again within {_seconds(r.resync_seconds)}",
-    ManagementURLRejectedError.reason: lambda r: f"the Secret is read again within {_seconds(r.resync_seconds)}",
-    BrokerUnavailableError.reason: _again,
-    BrokerRefusedError.reason: lambda r: f"{_again(r)}; the broker's user needs the rights to declare it",
-    UnsupportedOperationError.reason: lambda r: f"{_again(r)}; the broker must support it (see its version)",
+    BrokerSecretError.reason: lambda r: f"the Secret is read again {_resync(r)}",
+    ManagementURLRejectedError.reason: lambda r: f"the Secret is read again {_resync(r)}",
+    # A failed connection is not tried again before its backoff ends, whatever the resyncs (control.py).
+    BrokerUnavailableError.reason: lambda r: (
+        f"{_again(r)}, and no more often than its backoff allows (up to {_seconds(BACKOFF_MAX_SECONDS)})"
+    ),
+    BrokerRefusedError.reason: lambda r: f"{_again(r)}; what the broker refused must change first",
+    UnsupportedOperationError.reason: lambda r: f"{_again(r)}; the broker must support it first",
     ManagementUnavailableError.reason: _again,
-    KubeUnavailableError.reason: lambda r: f"asked again within {_seconds(r.api_retry_seconds)}",
-    KubeForbiddenError.reason: lambda r: f"{_again(r)}; the operator's RBAC must allow it",
+    KubeUnavailableError.reason: lambda _: "asked again in a few seconds",
+    KubeForbiddenError.reason: lambda r: f"{_again(r)}; the operator's RBAC must allow it first",
     KubeError.reason: _again,
     NotFoundError.reason: _again,
-    ArchiveNotFoundError.reason: _again,  # a replay's (its own conditions say what follows); listed for completeness
     "BrokerAlarm": lambda r: (
-        f"publishers stay blocked until RabbitMQ clears it; checked every {_seconds(r.status_seconds)}"
+        f"publishers stay blocked until RabbitMQ clears it; checked about every {_seconds(r.status_seconds)}"
     ),
-    "ArgumentMismatch": lambda r: f"compared again within {_seconds(r.resync_seconds)}",
-    "TopologyMismatch": lambda r: f"compared again within {_seconds(r.resync_seconds)}",
-    "WorkersNotConfigured": lambda r: f"written again within {_seconds(r.resync_seconds)}",
+    "ArgumentMismatch": lambda r: f"compared again {_resync(r)}",
+    "TopologyMismatch": lambda r: f"compared again {_resync(r)}",
+    "WorkersNotConfigured": lambda r: f"written again {_resync(r)}",
     "ServiceNameConflict": None,  # "…takes it over once that resource is gone (set a spec.serviceName of its own…)"
     # WorkersConfigured.
-    "ConfigMapFailed": lambda r: f"written again within {_seconds(r.resync_seconds)}",
-    "ScaleTargetNotFound": lambda r: f"looked for again within {_seconds(r.resync_seconds)}",
+    "ConfigMapFailed": lambda r: f"written again {_resync(r)}",
+    "ScaleTargetNotFound": lambda r: f"looked for again {_resync(r)}",
     "RolloutPending": None,  # how the other pods get the settings (conclusion._workers)
-    # WorkersHealthy.
-    "NotChecked": lambda r: f"checked again every {_seconds(r.status_seconds)}",
-    "WorkersStuck": None,  # whether they are replaced (conclusion._lifecycle)
+    # WorkersHealthy: each text says what it waits for (core/lifecycle/stuck.py); whether stuck ones are replaced.
+    "NotChecked": None,
+    "WorkersStuck": None,
     # TasksRunOnce: each message ends with what to change (core/lifecycle/long_tasks.py).
     "TasksRerun": None,
     "AckTimeoutTooShort": None,
-    # MonitoringReady.
+    # MonitoringReady: the consumer's connection backs off by itself; without a broker, the resyncs bring one.
     "EventsNotConsumed": lambda _: (
-        f"the consumer connects again by itself, at most {_seconds(BACKOFF_MAX_SECONDS)} apart"
+        f"consumed by itself once the broker can be reached and allows it (retried, backing off up to "
+        f"{_seconds(BACKOFF_MAX_SECONDS)})"
     ),
 }
 
@@ -95,5 +101,8 @@ def next_step(reason: str, rhythm: Rhythm) -> str | None:
 
 
 def with_next_step(message: str, reason: str, rhythm: Rhythm) -> str:
+    """The message and what follows; once (a message carried over from another condition may have it already)."""
     step = next_step(reason, rhythm)
-    return f"{message}; {step}" if step and message else step or message
+    if not step or message.endswith(step):
+        return message
+    return f"{message}; {step}" if message else step
