@@ -36,24 +36,31 @@ SHIPPED_COMMANDS = {
 }
 # The chart cannot reach files outside its directory, so it carries its own copy of the CRD.
 CRD_OUTPUT_DIRS = ("crds", "charts/celery-event-operator/files/crds")
+# The fields' reference of the documentation, rendered from the same schemas.
+CRD_REFERENCE_FILE = "docs/reference/crds.md"
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from celery_event_operator.core.api import crd
+    from celery_event_operator.core.api import crd, crd_reference
 
+    renderings = [
+        (pathlib.Path(directory) / kind.file_name, crd.render_yaml(kind))
+        for kind in crd.KINDS
+        for directory in args.output_dir or CRD_OUTPUT_DIRS
+    ]
+    reference = args.reference_file or (None if args.output_dir else CRD_REFERENCE_FILE)
+    if reference:
+        renderings.append((pathlib.Path(reference), crd_reference.render_markdown()))
     stale = False
-    for kind in crd.KINDS:
-        rendered = crd.render_yaml(kind)
-        for directory in args.output_dir or CRD_OUTPUT_DIRS:
-            target = pathlib.Path(directory) / kind.file_name
-            if args.check:
-                if not target.exists() or target.read_text() != rendered:
-                    print(f"{target} differs from the models; run `celery-event-operator crd`", file=sys.stderr)
-                    stale = True
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(rendered)
-            print(target)
+    for target, rendered in renderings:
+        if args.check:
+            if not target.exists() or target.read_text() != rendered:
+                print(f"{target} differs from the models; run `celery-event-operator crd`", file=sys.stderr)
+                stale = True
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(rendered)
+        print(target)
     return 1 if stale else 0
 
 
@@ -509,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="celery-event-operator",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="`celery-event-operator COMMAND --help` for a command's options. Documentation: README.md.",
+        epilog="`celery-event-operator COMMAND --help` for a command's options. Documentation: docs/index.md.",
     )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {importlib.metadata.version('celery-event-operator')}"
@@ -579,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--yes", action="store_true", help="confirm the deletion")
 
     crd_command = commands.add_parser(
-        formatter_class=HelpFormatter, name="crd", help="render crds/ from the API models"
+        formatter_class=HelpFormatter, name="crd", help="render crds/ and the CRD reference from the API models"
     )
     crd_command.add_argument(
         "--output-dir",
@@ -587,7 +594,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help=f"where to write (repeatable; default: {' '.join(CRD_OUTPUT_DIRS)})",
     )
-    crd_command.add_argument("--check", action="store_true", help="fail if the committed CRD is stale")
+    crd_command.add_argument(
+        "--reference-file",
+        help=f"where to write the fields' reference (default: {CRD_REFERENCE_FILE}; none when --output-dir is given)",
+    )
+    crd_command.add_argument("--check", action="store_true", help="fail if a committed CRD or the reference is stale")
     crd_command.set_defaults(handler=_cmd_crd)
     return parser
 

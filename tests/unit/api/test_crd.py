@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from celery_event_operator import cli
-from celery_event_operator.core.api import crd, models
+from celery_event_operator.core.api import crd, crd_reference, models
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
@@ -37,6 +37,35 @@ def test_crd_check_fails_when_a_model_changed_without_rendering(tmp_path: pathli
     assert cli.main(["crd", "--check", "--output-dir", str(tmp_path)]) == 1
     assert cli.main(["crd", "--output-dir", str(tmp_path)]) == 0
     assert cli.main(["crd", "--check", "--output-dir", str(tmp_path)]) == 0
+
+
+def test_committed_reference_matches_the_models() -> None:
+    """docs/reference/crds.md is generated as crds/ is: every field, from the same schema."""
+    committed = (REPO / cli.CRD_REFERENCE_FILE).read_text()
+    assert committed == crd_reference.render_markdown(), "the CRD reference is stale: run `celery-event-operator crd`"
+
+
+def test_crd_check_fails_when_the_reference_is_stale(tmp_path: pathlib.Path) -> None:
+    reference = tmp_path / "crds.md"
+    args = ["--output-dir", str(tmp_path), "--reference-file", str(reference)]
+    assert cli.main(["crd", *args]) == 0
+    reference.write_text(reference.read_text().replace("| 0 to 20 |", "| 0 to 30 |"))
+    assert cli.main(["crd", "--check", *args]) == 1
+    assert cli.main(["crd", *args]) == 0
+    assert cli.main(["crd", "--check", *args]) == 0
+
+
+def test_the_reference_lists_every_field_with_its_constraints() -> None:
+    page = crd_reference.render_markdown()
+    for kind in crd.KINDS:
+        assert f"## {kind.kind}" in page
+        for path, _node in _walk(crd.open_api_schema(kind)):
+            if path.startswith((".spec", ".status")) and not path.endswith("[]"):
+                assert f"| `{path[1:]}` |" in page, f"{path} is missing"
+    assert "| `spec.retry.maxRetries` | integer | `10` | 0 to 20 |" in page
+    assert "one of `classic`, `quorum`" in page
+    assert "queueType is immutable — `self.queueType == oldSelf.queueType`" in page
+    assert '| Reason | string | `.status.conditions[?(@.type=="Ready")].reason` | `-o wide` |' in page
 
 
 @pytest.mark.parametrize("kind", crd.KINDS, ids=[kind.kind for kind in crd.KINDS])
