@@ -1,4 +1,4 @@
-"""Benchmark: what the claim on each service name costs a resync (one owner per serviceName, README).
+"""Benchmark: what the claim on each service name costs a resync (docs/user-guide/ownership.md).
 
     .venv/bin/python bench/claims.py [--services 1000]
 

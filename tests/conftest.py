@@ -71,7 +71,7 @@ def queue_type(request: pytest.FixtureRequest) -> str:
 
 
 def billing_sample() -> dict[str, Any]:
-    """A fresh copy of the README's sample service, for a test to adjust."""
+    """A fresh copy of the sample service (examples/billing.yaml), for a test to adjust."""
     sample: dict[str, Any] = yaml.safe_load((REPO / "examples" / "billing.yaml").read_text())
     return sample
 

@@ -1,4 +1,5 @@
-"""The README's first command: the operator with the sample on an embedded API, usable with kubectl."""
+"""The README's first command: the operator with the sample on an embedded API, usable with kubectl as the dev mode's
+page (docs/getting-started/dev-mode.md) says."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             "--api-port",
             "0",
             "--state-dir",
-            "state",  # relative, as in the README (but not under the worker's directory)
+            "state",  # relative, as in the documentation (but not under the worker's directory)
             "--example",
             str(REPO / "examples" / "broker-secret.yaml"),
             "--example",
@@ -131,7 +132,7 @@ def test_dev_mode_serves_the_sample(tmp_path: pathlib.Path, test_vhost_url: str)
             message="the sample's buggy event was not archived",
         )
 
-        # The README's maxRetries patch: the sample worker follows, as a rollout would replace its pod.
+        # The dev mode page's maxRetries patch: the sample worker follows, as a rollout would replace its pod.
         patched = kubectl(
             kubeconfig, "patch", "ces", "billing", "--type=merge", "-p", '{"spec":{"retry":{"maxRetries":3}}}'
         )
@@ -176,17 +177,20 @@ def stop_dev_mode(process: subprocess.Popen[bytes]) -> int:
         raise AssertionError("the dev mode did not stop within 20 s of Ctrl-C") from None
 
 
-def readme_block() -> str:
-    """The commands the README tells a new user to run in another shell while `./dev up` runs."""
-    readme = (REPO / "README.md").read_text()
-    after = readme.split("In another shell:", 1)[1]
+DEV_MODE_PAGE = "docs/getting-started/dev-mode.md"
+
+
+def documented_block() -> str:
+    """The commands the dev mode's page tells a new user to run in another shell while `./dev up` runs."""
+    page = (REPO / DEV_MODE_PAGE).read_text()
+    after = page.split("In another shell:", 1)[1]
     return after.split("```sh\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readme_commands_work_as_written_against_the_dev_mode(tmp_path: pathlib.Path, test_vhost_url: str) -> None:
-    """Issue #16: every command of the README's block, in its order, exits 0 with no traceback (run from a
+def test_the_documented_commands_work_against_the_dev_mode(tmp_path: pathlib.Path, test_vhost_url: str) -> None:
+    """Issue #16: every command of the dev mode page's block, in its order, exits 0 with no traceback (run from a
     directory laid out as the repository: .venv, examples, and the dev mode's .dev state)."""
-    block = readme_block()
+    block = documented_block()
     assert "kubectl delete ces billing" in block
     for entry in (".venv", "examples"):
         (tmp_path / entry).symlink_to(REPO / entry)

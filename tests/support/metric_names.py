@@ -1,4 +1,4 @@
-"""Which metric names and labels the chart's alerts, the README and the celery-mixin rely on, and whether a
+"""Which metric names and labels the chart's alerts, the documentation and the celery-mixin rely on, and whether a
 scrape of /metrics carries them (pure text work: the tests feed it a real scrape)."""
 
 from __future__ import annotations
@@ -85,9 +85,14 @@ def _backticked(text: str) -> list[str]:
     return [item.strip() for group in groups for item in re.split(r",(?![^{]*\})", group)]  # not inside {a,b}
 
 
-def readme_uses(readme: str) -> Uses:
-    """The metrics table of the README: metric | labels (`…` continues the row above; `only`: no service labels)."""
-    table = readme.split("| metric | labels |", 1)[1].split("\n\n", 1)[0]
+# The page whose table lists every metric the operator exports, with its labels.
+METRICS_PAGE = "docs/reference/metrics.md"
+
+
+def documented_uses(page: str) -> Uses:
+    """The metrics table of the documentation (`METRICS_PAGE`): metric | labels (`…` continues the row above; `only`:
+    no service labels)."""
+    table = page.split("| metric | labels |", 1)[1].split("\n\n", 1)[0]
     uses: Uses = {}
     previous: set[str] = set()
     for row in table.splitlines()[2:]:

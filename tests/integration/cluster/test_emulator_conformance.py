@@ -21,7 +21,7 @@ from tests.support.kube import CRDS, ApiError, EmulatedApi, KubeClient
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
-# Differences the dev mode lives with, each documented in emulator.py's docstring and the README.
+# Differences the dev mode lives with, each documented in emulator.py's docstring and docs/development.md.
 KNOWN_DIFFERENCES = {
     # The emulator applies no structural-schema defaults (it validates no schema): the operator applies its
     # models' defaults itself when it reads a spec, so the dev mode behaves the same.

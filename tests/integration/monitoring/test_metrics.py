@@ -221,7 +221,7 @@ def test_real_workers_produce_exact_counters(
     [rule] = [d for d in render({"metrics": {"prometheusRule": {"enabled": True}}}) if d["kind"] == "PrometheusRule"]
     used = metric_names.merged(
         metric_names.alert_uses(rule).items(),
-        metric_names.readme_uses((REPO / "README.md").read_text()).items(),
+        metric_names.documented_uses((REPO / metric_names.METRICS_PAGE).read_text()).items(),
         metric_names.CELERY_MIXIN.items(),
         metric_names.dashboard_uses(
             json.loads((CHART / "dashboards" / "celery-event-operator.json").read_text())
@@ -233,7 +233,7 @@ def test_real_workers_produce_exact_counters(
         "celery_event_operator_task_reruns_total": "tests/integration/lifecycle/test_long_tasks.py",
     }
     missing = metric_names.missing_from(scraped, {k: v for k, v in used.items() if k not in elsewhere})
-    assert missing == [], "alerts, README, dashboard or mixin use what is not exported"
+    assert missing == [], "alerts, the metrics reference, dashboard or mixin use what is not exported"
     assert set(elsewhere) <= set(used), "still documented"
     assert promparse.refusal(scraped.encode()) is None, "Prometheus' own parser reads the scrape"
 

@@ -3,7 +3,7 @@
 Events wait in a service's handler queue and in its retry levels when the node stops; after it starts again,
 every persistent event (Celery publishes persistent messages) is there, for both queue types: the queues are
 durable, and retry levels keep counting their TTL, dead-lettering back to the handler queue. Transient
-messages survive only in quorum queues (which persist everything). The README quotes these figures.
+messages survive only in quorum queues (which persist everything). docs/user-guide/topology.md quotes these figures.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def test_sample_gets_exactly_its_planned_topology(
     topology = plan.plan("billing", parse_spec(sample()["spec"]))
     held = rabbitmq.snapshot(rabbitmq_management, test_vhost)
     assert held["queues"] == {q.name: dict(q.arguments) for q in topology.queues}
-    claim = {"billing:owner": "fanout"}  # the one owner of the service name on this broker (README: Ownership)
+    claim = {"billing:owner": "fanout"}  # the service name's one owner here (docs/user-guide/ownership.md)
     assert held["exchanges"] == {e.name: e.type for e in topology.exchanges} | claim
     assert held["bindings"] == {(b.exchange, b.queue, b.routing_key) for b in topology.bindings}
 
@@ -107,7 +107,7 @@ def _queue_there(channel: Any) -> bool:
 def test_what_is_deleted_by_hand_is_back_within_a_resync(
     kube_api: EmulatedApi, running: OperatorProcess, channel: Any, remove: Any, there: Any
 ) -> None:
-    """A resync declares what the broker's listing does not show as planned (README: Resync)."""
+    """A resync declares what the broker's listing does not show as planned (docs/user-guide/topology.md: Resync)."""
     kube_api.client.create(CES, sample())
     eventually(lambda: condition(kube_api, "Ready").get("status") == "True")
     assert there(channel)

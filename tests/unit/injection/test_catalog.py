@@ -112,7 +112,7 @@ async def test_the_catalog_is_kept_current_in_the_background(monkeypatch: Any) -
 
 
 def test_a_resource_refused_its_service_name_injects_nothing() -> None:
-    """Its pods must not consume the owner's queues (README: One owner per service name)."""
+    """Its pods must not consume the owner's queues (docs/user-guide/ownership.md)."""
     refused = resource()
     refused["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "ServiceNameConflict"}]}
     assert catalog.injection_of(refused) is None

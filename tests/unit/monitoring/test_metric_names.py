@@ -1,4 +1,4 @@
-"""The README's metrics table and the alert parser behind the scrape check of tests/integration/monitoring."""
+"""The documentation's metrics table and the alert parser behind the scrape check of tests/integration/monitoring."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from tests.conftest import REPO
 from tests.support import metric_names
 
 
-def test_the_readme_documents_every_exported_metric() -> None:
+def test_the_metrics_reference_documents_every_exported_metric() -> None:
     exported = {family.name for family in FAMILIES}
-    assert exported == set(metric_names.readme_uses((REPO / "README.md").read_text()))
+    assert exported == set(metric_names.documented_uses((REPO / metric_names.METRICS_PAGE).read_text()))
 
 
 def test_alert_expressions_yield_their_metrics_and_labels() -> None:
