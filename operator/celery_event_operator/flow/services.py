@@ -38,8 +38,10 @@ from celery_event_operator.core.service.conclusion import (
     Announced,
     Conclusion,
     PostEvents,
+    Settled,
     conclude,
     conclude_deletion,
+    settled,
     status_of,
 )
 from celery_event_operator.core.service.next_steps import Rhythm
@@ -82,6 +84,7 @@ class ServiceKeeper:
         self._writer = StatusWriter(context.cluster.patch_status, context.cluster.annotate, namespace, name, logger)
         self._status: CeleryEventServiceStatus | None = None  # as last concluded (None: not yet, use the body's)
         self._announced = Announced()
+        self._settled: Settled | None = None  # the last conclusion, when it changed nothing (not worked out again)
         self._declare_memory = steps.DeclareMemory()
         self._hold = BrokerHold(context, namespace, name, self._declare_memory, logger)
         self._service: str | None = None
@@ -239,7 +242,10 @@ class ServiceKeeper:
     def _conclude(self, body: Mapping[str, Any], seen: Observations) -> Conclusion:
         previous = self._status if self._status is not None else status_of(body)
         rhythm = Rhythm(self.context.options.resync_seconds, self._status_interval(body))
+        if self._settled is not None and self._settled.answers(previous, seen, self._announced, rhythm):
+            return self._settled.conclusion
         conclusion = conclude(previous, seen, self._announced, _now(), rhythm)
+        self._settled = settled(previous, seen, self._announced, rhythm, conclusion)
         self._status, self._announced = conclusion.status, conclusion.announced
         return conclusion
 

@@ -22,6 +22,7 @@ from celery_event_operator.core.errors import (
 )
 from celery_event_operator.core.options import DEFAULT_INSTALLATION_ID
 from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.service import conclusion
 from celery_event_operator.core.service.conclusion import EventNote
 from celery_event_operator.core.service.ownership import Claimant
 from celery_event_operator.core.service.pods import WorkerPod
@@ -100,6 +101,34 @@ async def test_a_reconcile_declares_configures_subscribes_and_writes_once() -> N
     assert len(harness.broker.declares) == 2, "a resync declares again (a hand-deleted queue comes back)"
     assert harness.brokers.users == 1
     assert len(harness.broker.events.subscriptions) == 1
+
+
+async def test_passes_at_rest_reuse_the_settled_conclusion_and_a_change_concludes_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    concluded: list[object] = []
+
+    def counting(*args: Any) -> Any:
+        concluded.append(args[1])
+        return conclusion.conclude(*args)
+
+    monkeypatch.setattr("celery_event_operator.flow.services.conclude", counting)
+    harness = Harness(resource())
+    await harness.reconcile()
+    for _ in range(3):
+        await harness.status_pass()
+    settled_at = len(concluded)
+    for _ in range(3):
+        await harness.status_pass()
+    assert len(concluded) == settled_at, "the same observations at rest: the last conclusion serves"
+    harness.broker.depth_answer = (DEPTHS, "ready + unacknowledged")
+    await harness.status_pass()
+    assert len(concluded) == settled_at + 1
+    assert harness.body["status"]["queueLength"] == 60, "a changed count is concluded and written"
+    writes = len(harness.cluster.made("patch_status"))
+    await harness.status_pass()
+    await harness.status_pass()
+    assert len(harness.cluster.made("patch_status")) == writes
 
 
 def listed(harness: Harness, claimant: Claimant | None = None, **changes: Any) -> ListedEntities:

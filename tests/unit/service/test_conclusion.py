@@ -34,6 +34,7 @@ from celery_event_operator.core.service.conclusion import (
     conclude,
     conclude_deletion,
     patch_of,
+    settled,
     status_of,
 )
 from celery_event_operator.core.service.next_steps import NEXT_STEPS, Rhythm
@@ -802,3 +803,77 @@ def test_stuck_workers_say_whether_they_are_replaced(replace: bool, then: str) -
     [conclusion] = run(status_passed(spec, lifecycle=lifecycle(2, stuck)))
     message = next(c.message for c in conclusion.status.conditions if c.type == "WorkersHealthy")
     assert message == f"w-1: no heartbeat for over 120 s while Running{then}"
+
+
+# --- a settled conclusion is not worked out again ------------------------------------------------------------------
+
+# What a resource whose topology was declared remembers (its annotation, read back into the next pass).
+DECLARED = Declared.of(TOPOLOGY)
+
+SETTLING = [
+    pytest.param(reconciled(declared=DECLARED), id="reconciled"),
+    pytest.param(
+        reconciled(
+            declared=DECLARED, monitoring=MonitoringSeen(True, "queue billing.celeryev missing", own_failure=True)
+        ),
+        id="consumer-failure",
+    ),
+    pytest.param(reconciled(declared=DECLARED, alarms=(Alarm("memory", "rabbit@a"),)), id="alarm-in-a-reconcile"),
+    pytest.param(
+        status_passed(
+            AUTOSCALED,
+            queues=QueuesSeen(DEPTHS),
+            scaling=ScalingSeen(SELECTOR, replicas=2, desired=2, workload=2, scale_checked=True),
+        ),
+        id="counted",
+    ),
+    pytest.param(
+        status_passed(AUTOSCALED, scaling=ScalingSeen(SELECTOR, scale_problem="HTTP 403")), id="scale-unreadable"
+    ),
+    pytest.param(status_passed(alarms=(Alarm("disk", "rabbit@a"),)), id="alarm"),
+    pytest.param(
+        status_passed(lifecycle=lifecycle(2, (StuckWorker("w-1", "no heartbeat for 130 s while Running"),))),
+        id="stuck",
+    ),
+    pytest.param(status_passed(grace=Grace(64, "a task running now has run up to 32 s")), id="grace"),
+    pytest.param(status_passed(overflowing={"task": (3, 100)}), id="overflowing"),
+]
+
+
+@pytest.mark.parametrize("seen", SETTLING)
+def test_a_settled_conclusion_is_what_concluding_again_gives(seen: Observations) -> None:
+    """The same observations again, pass after pass: once a conclusion changed nothing, concluding again (later, from
+    the status it left) gives the same status, no Event, nothing newly announced: so the keeper reuses it."""
+    previous, announced = CeleryEventServiceStatus(), Announced()
+    for minute in range(4):
+        conclusion = conclude(previous, seen, announced, NOW + datetime.timedelta(minutes=minute), RHYTHM)
+        found = settled(previous, seen, announced, RHYTHM, conclusion)
+        if found is not None:
+            break
+        previous, announced = conclusion.status, conclusion.announced
+    assert found is not None, "the same observations settle within a few passes"
+    again = conclude(conclusion.status, seen, conclusion.announced, LATER + datetime.timedelta(hours=1), RHYTHM)
+    assert again.status == conclusion.status
+    assert (again.events, again.annotations, again.announced, again.resync) == ((), {}, conclusion.announced, False)
+    assert found.answers(conclusion.status, dataclasses.replace(seen), conclusion.announced, RHYTHM)
+
+
+def test_a_settled_conclusion_answers_only_the_same_start_and_equal_observations() -> None:
+    seen = reconciled(declared=DECLARED)
+    first = conclude(CeleryEventServiceStatus(), seen, Announced(), NOW, RHYTHM)
+    assert settled(CeleryEventServiceStatus(), seen, Announced(), RHYTHM, first) is None, "the status changed"
+    second = conclude(first.status, seen, first.announced, LATER, RHYTHM)
+    found = settled(first.status, seen, first.announced, RHYTHM, second)
+    assert found is not None
+    status, announced = second.status, second.announced
+    assert found.answers(status, seen, announced, RHYTHM)
+    assert not found.answers(status.model_copy(), seen, announced, RHYTHM), "an equal status another pass left"
+    assert not found.answers(status, seen, dataclasses.replace(announced), RHYTHM)
+    assert not found.answers(status, reconciled(declared=DECLARED, monitoring=MonitoringSeen(True)), announced, RHYTHM)
+    assert not found.answers(status, seen, announced, Rhythm(resync_seconds=30, status_seconds=60))
+    failing = reconciled(
+        declared=DECLARED, monitoring=MonitoringSeen(True, "queue billing.celeryev missing", own_failure=True)
+    )
+    warned = conclude(status, failing, announced, LATER, RHYTHM)
+    assert events(warned) == [("Warning", "EventsNotConsumed")]
+    assert settled(status, failing, announced, RHYTHM, warned) is None, "an Event: not settled"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -98,15 +99,49 @@ class Conclusion:
     resync: bool = False  # a reconcile should conclude the conditions afresh now (a broker alarm cleared)
     cleared: frozenset[str] = frozenset()  # status fields (as the API names them) to remove: no longer true
 
-    @property
+    @functools.cached_property
     def patch(self) -> dict[str, Any]:
-        """The status as the API has it, with the fields to remove as nulls (a merge patch removes them)."""
+        """The status as the API has it, with the fields to remove as nulls (a merge patch removes them); made once
+        (a settled conclusion is written again every pass), not to be changed."""
         return patch_of(self.status) | dict.fromkeys(self.cleared)
 
     @property
     def ready(self) -> bool:
         found = conditions.find(self.status.conditions, conditions.READY)
         return found is not None and found.status == "True"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settled:
+    """A conclusion that changed nothing it started from: no field, no condition, no Event, nothing newly announced.
+    Concluded again from the same observations it would be the same (`now` only stamps a condition's transition),
+    so it is not worked out again: at a thousand services at rest, concluding was a tenth of the operator's CPU."""
+
+    seen: Observations
+    rhythm: Rhythm
+    conclusion: Conclusion
+
+    def answers(
+        self, previous: CeleryEventServiceStatus, seen: Observations, announced: Announced, rhythm: Rhythm
+    ) -> bool:
+        """Whether concluding from these would give this conclusion again (the status and the announcements the very
+        ones it left, equal observations)."""
+        return (
+            previous is self.conclusion.status
+            and announced is self.conclusion.announced
+            and rhythm == self.rhythm
+            and seen == self.seen
+        )
+
+
+def settled(
+    previous: CeleryEventServiceStatus, seen: Observations, announced: Announced, rhythm: Rhythm, conclusion: Conclusion
+) -> Settled | None:
+    """The conclusion as a settled one, when it changed nothing of `previous` and `announced`; else None."""
+    unchanged = not (conclusion.events or conclusion.resync or conclusion.cleared or conclusion.annotations)
+    if unchanged and conclusion.announced == announced and conclusion.status == previous:
+        return Settled(seen, rhythm, conclusion)
+    return None
 
 
 def status_of(body: Mapping[str, Any]) -> CeleryEventServiceStatus:
