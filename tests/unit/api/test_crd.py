@@ -55,6 +55,52 @@ def test_crd_check_fails_when_the_reference_is_stale(tmp_path: pathlib.Path) -> 
     assert cli.main(["crd", "--check", *args]) == 0
 
 
+def test_crd_check_without_output_dir_compares_the_default_reference(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`crd --check` alone (what a developer and CI run from the checkout) checks crds/, the chart's copy and
+    docs/reference/crds.md: a copy of the committed files passes, and a stale reference in it fails."""
+    assert cli.CRD_REFERENCE_FILE == "docs/reference/crds.md"
+    for relative in [
+        *(f"{d}/{kind.file_name}" for d in cli.CRD_OUTPUT_DIRS for kind in crd.KINDS),
+        cli.CRD_REFERENCE_FILE,
+    ]:
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text((REPO / relative).read_text())
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["crd", "--check"]) == 0
+    reference = tmp_path / cli.CRD_REFERENCE_FILE
+    reference.write_text(reference.read_text().replace("| 0 to 20 |", "| 0 to 30 |"))
+    capsys.readouterr()
+    assert cli.main(["crd", "--check"]) == 1
+    assert cli.CRD_REFERENCE_FILE in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "keyword"),
+    [
+        pytest.param({"type": "object", "additionalProperties": {"type": "string"}}, "additionalProperties", id="map"),
+        pytest.param({"anyOf": [{"type": "integer"}, {"type": "string"}]}, "anyOf", id="anyOf"),
+        pytest.param({"type": "integer", "x-kubernetes-int-or-string": True}, "x-kubernetes-int-or-string", id="ext"),
+        pytest.param({"type": "array", "items": {"type": "array", "items": {"type": "string"}}}, "items", id="nested"),
+        pytest.param({"type": "array", "items": {"type": "string", "uniqueItems": True}}, "uniqueItems", id="item"),
+    ],
+)
+def test_the_reference_refuses_a_schema_keyword_it_does_not_render(field: dict[str, Any], keyword: str) -> None:
+    """Left out silently, a keyword would be a rule of the API server the page does not say."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "odd": field}}
+    with pytest.raises(crd_reference.UnrenderedSchemaError, match=keyword) as raised:
+        crd_reference.field_table("spec", schema)
+    assert "spec.odd" in str(raised.value)
+
+
+def test_the_reference_says_the_constraints_of_a_list_s_items() -> None:
+    page = crd_reference.render_markdown()
+    assert (
+        "| `spec.filter.taskIds` | array of string | `[]` | at most 1000 items; each item 1 to 255 characters |" in page
+    )
+
+
 def test_the_reference_lists_every_field_with_its_constraints() -> None:
     page = crd_reference.render_markdown()
     for kind in crd.KINDS:

@@ -3,7 +3,9 @@
 Every field of every kind, walked from `crd.open_api_schema`: its path, type, default, constraints and
 description, the CEL rules of the object that carries them, and what only Kubernetes knows of the kind (short
 names, subresources, printer columns). `celery-event-operator crd` writes it; `crd --check` and a unit test fail
-when the committed page differs from this rendering.
+when the committed page differs from this rendering. A schema keyword the walker does not render (e.g.
+`additionalProperties`, `anyOf`, a list of lists) fails the rendering (`UnrenderedSchemaError`) rather than being
+left out of the page unsaid.
 """
 
 from __future__ import annotations
@@ -20,6 +22,33 @@ HEADER = (
     " do not edit. -->\n"
 )
 _CODE_SPAN = re.compile(r"(`[^`]*`)")
+
+# The keywords the walker renders, by the kind of node that carries them; any other is an error.
+_SCALAR_CONSTRAINTS = frozenset({"enum", "minimum", "maximum", "minLength", "maxLength", "pattern"})
+_FIELD_KEYWORDS = frozenset(
+    {"type", "format", "description", "default", "properties", "required", "items", "x-kubernetes-validations"}
+    | _SCALAR_CONSTRAINTS
+    | {"minItems", "maxItems", "x-kubernetes-list-type", "x-kubernetes-list-map-keys"}
+)
+# An array's items: an object (its fields get rows of their own, `[]` in their paths) or a scalar (its constraints
+# are said on the array's row); never a list of lists.
+_OBJECT_ITEM_KEYWORDS = frozenset({"type", "description", "properties", "required", "x-kubernetes-validations"})
+_SCALAR_ITEM_KEYWORDS = frozenset({"type", "format", "description", "x-kubernetes-validations"} | _SCALAR_CONSTRAINTS)
+# The resource's own schema: only spec and status are rendered (apiVersion, kind and metadata are Kubernetes').
+_ROOT_KEYWORDS = frozenset({"type", "description", "required", "properties", "x-kubernetes-validations"})
+_ROOT_PROPERTIES = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
+
+
+class UnrenderedSchemaError(ValueError):
+    """The schema holds what the reference would not say: render it in crd_reference, or leave it out of the
+    models."""
+
+
+def _only(node: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    unhandled = sorted(set(node) - allowed)
+    if unhandled:
+        keywords = ", ".join(unhandled)
+        raise UnrenderedSchemaError(f"{where}: schema keyword(s) the CRD reference does not render: {keywords}")
 
 
 def _text(value: str) -> str:
@@ -77,37 +106,52 @@ def _constraints(node: dict[str, Any], required: bool) -> list[str]:
     return found
 
 
+def _items(node: dict[str, Any], path: str) -> dict[str, Any]:
+    """An array's items, checked: an object's keywords, or a scalar's."""
+    item = node.get("items", {})
+    if not isinstance(item, dict) or node.get("type") != "array":
+        raise UnrenderedSchemaError(f"{path}: `items` on a node that is not an array, or not one schema")
+    is_object = item.get("type") == "object" or "properties" in item
+    _only(item, _OBJECT_ITEM_KEYWORDS if is_object else _SCALAR_ITEM_KEYWORDS, f"{path}[]")
+    return item
+
+
 def _fields(node: dict[str, Any], path: str, required: bool = False) -> list[tuple[str, dict[str, Any], bool]]:
-    """Each field under `path`, depth first, in the models' order; array items carry `[]`."""
+    """Each field under `path`, depth first, in the models' order; array items carry `[]`. A keyword not rendered
+    raises UnrenderedSchemaError."""
+    _only(node, _FIELD_KEYWORDS, path)
     rows = [(path, node, required)]
     needed = set(node.get("required", []))
     for name, child in node.get("properties", {}).items():
         rows += _fields(child, f"{path}.{name}", name in needed)
-    if "properties" in node.get("items", {}):
-        item = node["items"]
+    if "items" in node:
+        item = _items(node, path)
         for name, child in item.get("properties", {}).items():
             rows += _fields(child, f"{path}[].{name}", name in set(item.get("required", [])))
     return rows
 
 
-def _field_table(part: str, node: dict[str, Any]) -> list[str]:
+def field_table(part: str, node: dict[str, Any], required: bool = False) -> list[str]:
+    """The table of `part`'s fields (and its CEL rules); UnrenderedSchemaError when the schema holds a keyword the
+    table would not say."""
     lines = [
         "| field | type | default | constraints | description |",
         "| --- | --- | --- | --- | --- |",
     ]
     rules: list[tuple[str, dict[str, Any]]] = []
-    for path, field, required in _fields(node, part):
+    for path, field, needed in _fields(node, part, required):
+        item = field.get("items", {})
+        constraints = _constraints(field, needed)
+        description = str(field.get("description", ""))
+        if "properties" not in item and (item_constraints := _constraints(item, False)):
+            constraints.append("each item " + ", ".join(item_constraints))
+        if "description" in item:
+            description = f"{description} Each item: {item['description']}".strip()
         default = _code(_json(field["default"])) if "default" in field else ""
-        cells = (
-            _code(path),
-            _type(field),
-            default,
-            "; ".join(_constraints(field, required)),
-            _text(str(field.get("description", ""))),
-        )
+        cells = (_code(path), _type(field), default, "; ".join(constraints), _text(description))
         lines.append("| " + " | ".join(cells) + " |")
         rules += [(path, rule) for rule in field.get("x-kubernetes-validations", [])]
-        rules += [(f"{path}[]", rule) for rule in field.get("items", {}).get("x-kubernetes-validations", [])]
+        rules += [(f"{path}[]", rule) for rule in item.get("x-kubernetes-validations", [])]
     if rules:
         lines += ["", f"Rules of `{part}` (CEL, checked by the API server when it applies the schema):", ""]
         lines += [f"- on `{path}`: {_text(rule['message'])} — `{rule['rule']}`" for path, rule in rules]
@@ -135,6 +179,8 @@ def _subresources(kind: crd.Kind) -> str:
 
 def _kind_section(kind: crd.Kind) -> list[str]:
     schema = crd.open_api_schema(kind)
+    _only(schema, _ROOT_KEYWORDS, kind.kind)
+    _only(schema["properties"], _ROOT_PROPERTIES, f"{kind.kind}'s properties")
     short = ", ".join(f"`{name}`" for name in kind.short_names)
     lines = [
         f"## {kind.kind}",
@@ -149,7 +195,8 @@ def _kind_section(kind: crd.Kind) -> list[str]:
         lines += [f"Rule on the whole resource: {_text(rule['message'])} — `{rule['rule']}`", ""]
     lines += [f"`kubectl get {kind.short_names[0]}` prints:", "", *_columns(kind), ""]
     for part in ("spec", "status"):
-        lines += [f"### {kind.kind} {part}", "", *_field_table(part, schema["properties"][part]), ""]
+        required = part in schema.get("required", [])
+        lines += [f"### {kind.kind} {part}", "", *field_table(part, schema["properties"][part], required), ""]
     return lines
 
 
