@@ -9,10 +9,10 @@ import amqp
 import pytest
 from kombu.connection import Connection
 
-from celery_event_operator.core.api import crd
+from celery_event_operator.core.api import crd, metadata
 from tests.conftest import REPO, billing_sample, create_broker_secret
 from tests.support.kube import ApiError, EmulatedApi, condition, eventually
-from tests.support.operator_process import OperatorProcess
+from tests.support.operator_process import OperatorProcess, worker_pod
 from tests.support.waiting import stays
 
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/{ns}/celeryeventservices"
@@ -138,11 +138,25 @@ def test_delete_completes_within_seconds(kube_api: EmulatedApi, operator: Operat
 def test_without_the_webhook_the_operator_runs_its_other_handlers(
     kube_api: EmulatedApi, crd_installed: dict[str, Any], tmp_path: Any
 ) -> None:
-    """Issue #15: `--webhook-port 0` (the chart's webhook.enabled=false) exited at once with code 1."""
+    """Issue #15: `--webhook-port 0` (the chart's webhook.enabled=false) exited at once with code 1. And its worker
+    pods, which mount the settings themselves, are not said to wait for a rollout that would never stamp them (they
+    were: RolloutPending, "the others get them when they are created again", for good)."""
     process = OperatorProcess(kube_api.kubeconfig, tmp_path / "no-webhook.log", webhook=False).start()
     try:
+        kube_api.kubectl("create", "--validate=false", "-f", str(REPO / "examples" / "billing-worker.yaml"))
+        pod = worker_pod({metadata.SERVICE_LABEL: "billing"})
+        kube_api.client.create("/api/v1/namespaces/default/pods", pod)  # as admitted with no webhook
         kube_api.client.create(CES.format(ns="default"), sample())
         eventually(lambda: ready_condition(kube_api).get("status") == "True", message="billing never became Ready")
+        workers = eventually(
+            lambda: (
+                condition(kube_api, "WorkersConfigured").get("reason") == "SettingsNotInjected"
+                and condition(kube_api, "WorkersConfigured")
+            ),
+            message="the pod without the webhook's settings was not said to mount them itself",
+        )
+        assert workers["status"] == "Unknown"
+        assert "ConfigMap billing-celery-events" in workers["message"]
         assert process.alive()
         with pytest.raises(ConnectionRefusedError):  # nothing listens for admission reviews
             socket.create_connection(("127.0.0.1", process.webhook_port), timeout=1).close()

@@ -13,6 +13,7 @@ from typing import Any
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.injection import healing
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
+from celery_event_operator.core.injection.settings import configmap_name
 from celery_event_operator.core.lifecycle import stuck as stuck_memory
 from celery_event_operator.core.service.observations import Evicted, LifecycleSeen, QueuesSeen, ScalingSeen
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod
@@ -61,7 +62,7 @@ class Workers:
                 outcome = dataclasses.replace(
                     outcome, pods=counted.pods, pods_current=counted.pods_current, stamped=None
                 )
-                return dataclasses.replace(outcome, heal_after_seconds=self.heal_after(understood))
+                return self._delivered(outcome, understood)
         outcome = await self.context.cluster.sync_workers(
             owner=dict(body), service=understood.service, spec=understood.spec, pod_hashes=hashes
         )
@@ -72,7 +73,13 @@ class Workers:
             self.checked = None if failed else (generation, now, outcome)
         elif self.checked is not None and self.checked[0] != generation:
             self.checked = None  # the previous generation's hash must not judge the pods of this one
-        return dataclasses.replace(outcome, heal_after_seconds=self.heal_after(understood))
+        return self._delivered(outcome, understood)
+
+    def _delivered(self, outcome: WorkersOutcome, understood: Understood) -> WorkersOutcome:
+        """How the pods get the settings: the webhook stamps them (and heals the others), or, with none, they mount
+        the ConfigMap themselves and nothing tells which settings they run."""
+        mounted_from = None if self.context.options.webhook is not None else configmap_name(understood.service)
+        return dataclasses.replace(outcome, heal_after_seconds=self.heal_after(understood), mounted_from=mounted_from)
 
     def heal_after(self, understood: Understood) -> int | None:
         """Seconds after which a pod without the current settings is evicted; None: never. Only an operator

@@ -3,6 +3,7 @@ test_keeper.py runs them together through the keeper's passes."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -155,3 +156,15 @@ async def test_the_workers_settings_are_checked_once_per_generation_and_again_af
     cluster.workers_unavailable = "cannot read ConfigMap shop/billing-celery-events: HTTP 500"
     await workers.outcome(body, 3, found, lambda _: [])
     assert workers.checked is None, "the previous generation's hash must not judge this one's pods"
+
+
+async def test_without_the_webhook_the_workers_are_said_to_mount_the_settings_themselves_and_are_not_healed() -> None:
+    found = understood(workers={"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "healAfterSeconds": 5})
+    for webhook, mounted_from, heal_after in [(True, None, 5), (False, "billing-celery-events", None)]:
+        context = FakeContext(FakeCluster(resource()), FakeBrokers(FakeBroker()))
+        if not webhook:
+            context.options = dataclasses.replace(context.options, webhook=None)  # --webhook-port 0
+        workers = Workers(context, "shop", RecordingLogger())
+        for _ in range(2):  # checked, then counted from what was checked
+            outcome = await workers.outcome(resource(), 1, found, lambda _: [])
+            assert (outcome.mounted_from, outcome.heal_after_seconds) == (mounted_from, heal_after)

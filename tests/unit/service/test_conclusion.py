@@ -292,6 +292,28 @@ def events(conclusion: Conclusion) -> list[tuple[str, str]]:
             id="rolling-out",
         ),
         pytest.param(
+            reconciled(workers=WorkersOutcome("h1", pods=2, pods_current=0, mounted_from="billing-celery-events")),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("Unknown", "SettingsNotInjected"),
+            },
+            [],
+            id="no-webhook-pods-mount-the-settings-unchecked",
+        ),
+        pytest.param(
+            reconciled(workers=WorkersOutcome("h1", pods=2, pods_current=2, mounted_from="billing-celery-events")),
+            {
+                "Ready": ("True", "Reconciled"),
+                "BrokerReachable": ("True", "Connected"),
+                "TopologyReady": ("True", "Declared"),
+                "WorkersConfigured": ("True", "SettingsCurrent"),
+            },
+            [],
+            id="no-webhook-pods-stamped-before",
+        ),
+        pytest.param(
             reconciled(workers=WorkersOutcome("h1", target_error="Deployment default/w does not exist")),
             {
                 "Ready": ("True", "Reconciled"),

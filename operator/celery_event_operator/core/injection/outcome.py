@@ -17,6 +17,8 @@ class WorkersOutcome:
     pods_current: int = 0
     heal_after_seconds: int | None = None  # pods without the current settings are evicted after this long
     unavailable: str | None = None  # the Kubernetes API did not answer: nothing known of this pass (keep the last)
+    # No webhook stamps the pods (--webhook-port 0): the ConfigMap they mount themselves; None: the webhook injects.
+    mounted_from: str | None = None
 
 
 def count_pods(config_hash: str, pod_hashes: Iterable[str | None]) -> WorkersOutcome:

@@ -373,6 +373,13 @@ def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
         )
     if workers.target_error is not None:
         state.set(WORKERS_CONFIGURED, "False", workers.target_reason, workers.target_error)
+    elif workers.pods_current < workers.pods and workers.mounted_from is not None:
+        message = (
+            f"{workers.pods - workers.pods_current}/{workers.pods} pods carry no stamp of settings "
+            f"{workers.config_hash}: with no webhook they mount ConfigMap {workers.mounted_from} themselves, and which "
+            "settings they run is not checked"
+        )
+        state.set(WORKERS_CONFIGURED, "Unknown", "SettingsNotInjected", message, announce=False)
     elif workers.pods_current < workers.pods:
         healing = (
             f"; the other {workers.pods - workers.pods_current} are evicted one at a time after "

@@ -80,6 +80,7 @@ NEXT_STEPS: dict[str, Callable[[Rhythm], str] | None] = {
     "ConfigMapFailed": lambda r: f"written again {_resync(r)}",
     "ScaleTargetNotFound": lambda r: f"looked for again {_resync(r)}",
     "RolloutPending": None,  # how the other pods get the settings (conclusion._workers)
+    "SettingsNotInjected": None,  # no webhook: the pods mount the settings themselves, unchecked (said so)
     # WorkersHealthy: each text says what it waits for (core/lifecycle/stuck.py); whether stuck ones are replaced.
     "NotChecked": None,
     "WorkersStuck": None,
