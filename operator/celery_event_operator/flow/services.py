@@ -65,6 +65,9 @@ from celery_event_operator.flow.writer import Annotate, StatusWriter
 DEFAULT_STATUS = CeleryEventServiceSpec.model_fields["status_interval_seconds"].default
 # A reconcile that met the Kubernetes API not answering is made again this soon (at most every resync).
 API_RETRY_SECONDS = 5.0
+# Conclusions that changed nothing, kept to serve again: a reconcile's and a status pass's (their observations differ,
+# and they alternate).
+SETTLED_KEPT = 2
 
 
 def _now() -> datetime.datetime:
@@ -84,7 +87,7 @@ class ServiceKeeper:
         self._writer = StatusWriter(context.cluster.patch_status, context.cluster.annotate, namespace, name, logger)
         self._status: CeleryEventServiceStatus | None = None  # as last concluded (None: not yet, use the body's)
         self._announced = Announced()
-        self._settled: Settled | None = None  # the last conclusion, when it changed nothing (not worked out again)
+        self._settled: tuple[Settled, ...] = ()  # the last conclusions that changed nothing (not worked out again)
         self._declare_memory = steps.DeclareMemory()
         self._hold = BrokerHold(context, namespace, name, self._declare_memory, logger)
         self._service: str | None = None
@@ -242,10 +245,13 @@ class ServiceKeeper:
     def _conclude(self, body: Mapping[str, Any], seen: Observations) -> Conclusion:
         previous = self._status if self._status is not None else status_of(body)
         rhythm = Rhythm(self.context.options.resync_seconds, self._status_interval(body))
-        if self._settled is not None and self._settled.answers(previous, seen, self._announced, rhythm):
-            return self._settled.conclusion
+        for known in self._settled:
+            if known.answers(previous, seen, self._announced, rhythm):
+                return known.conclusion
         conclusion = conclude(previous, seen, self._announced, _now(), rhythm)
-        self._settled = settled(previous, seen, self._announced, rhythm, conclusion)
+        fresh = settled(previous, seen, self._announced, rhythm, conclusion)
+        if fresh is not None:
+            self._settled = (fresh, *self._settled)[:SETTLED_KEPT]
         self._status, self._announced = conclusion.status, conclusion.announced
         return conclusion
 

@@ -117,10 +117,13 @@ async def test_passes_at_rest_reuse_the_settled_conclusion_and_a_change_conclude
     await harness.reconcile()
     for _ in range(3):
         await harness.status_pass()
+    await harness.resync()
+    await harness.resync()
     settled_at = len(concluded)
-    for _ in range(3):
+    for _ in range(3):  # a reconcile's observations and a status pass's, alternating
         await harness.status_pass()
-    assert len(concluded) == settled_at, "the same observations at rest: the last conclusion serves"
+        await harness.resync()
+    assert len(concluded) == settled_at, "the same observations at rest: the last conclusions serve"
     harness.broker.depth_answer = (DEPTHS, "ready + unacknowledged")
     await harness.status_pass()
     assert len(concluded) == settled_at + 1

@@ -889,8 +889,9 @@ def test_a_settled_conclusion_answers_only_the_same_start_and_equal_observations
     assert found is not None
     status, announced = second.status, second.announced
     assert found.answers(status, seen, announced, RHYTHM)
-    assert not found.answers(status.model_copy(), seen, announced, RHYTHM), "an equal status another pass left"
-    assert not found.answers(status, seen, dataclasses.replace(announced), RHYTHM)
+    assert found.answers(status.model_copy(), dataclasses.replace(seen), dataclasses.replace(announced), RHYTHM)
+    assert not found.answers(status.model_copy(update={"queue_length": 7}), seen, announced, RHYTHM)
+    assert not found.answers(status, seen, dataclasses.replace(announced, overflowed=frozenset({"task"})), RHYTHM)
     assert not found.answers(status, reconciled(declared=DECLARED, monitoring=MonitoringSeen(True)), announced, RHYTHM)
     assert not found.answers(status, seen, announced, Rhythm(resync_seconds=30, status_seconds=60))
     failing = reconciled(

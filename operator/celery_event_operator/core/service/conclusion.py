@@ -114,8 +114,9 @@ class Conclusion:
 @dataclasses.dataclass(frozen=True)
 class Settled:
     """A conclusion that changed nothing it started from: no field, no condition, no Event, nothing newly announced.
-    Concluded again from the same observations it would be the same (`now` only stamps a condition's transition),
-    so it is not worked out again: at a thousand services at rest, concluding was a tenth of the operator's CPU."""
+    Concluded again from an equal start and equal observations it would be the same (`now` only stamps a condition's
+    transition), so it is not worked out again: at a thousand services at rest, concluding was a tenth of the
+    operator's CPU."""
 
     seen: Observations
     rhythm: Rhythm
@@ -124,12 +125,12 @@ class Settled:
     def answers(
         self, previous: CeleryEventServiceStatus, seen: Observations, announced: Announced, rhythm: Rhythm
     ) -> bool:
-        """Whether concluding from these would give this conclusion again (the status and the announcements the very
-        ones it left, equal observations)."""
+        """Whether concluding from these would give this conclusion again: the same rhythm, and the status, the
+        announcements and the observations equal to those it settled on (the cheap comparisons first)."""
         return (
-            previous is self.conclusion.status
-            and announced is self.conclusion.announced
-            and rhythm == self.rhythm
+            rhythm == self.rhythm
+            and announced == self.conclusion.announced
+            and previous == self.conclusion.status
             and seen == self.seen
         )
 
