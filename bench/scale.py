@@ -17,7 +17,8 @@ API is needed). Printed, in order:
 - status age relative to each service's interval, max and p99 (from the operator's
   celery_event_operator_status_pass_timestamp_seconds), and services with a connected events consumer
   (their MonitoringReady condition);
-- the operator's AMQP connections and channels (every one of its connections, consumers included);
+- the operator's AMQP connections and channels (every one of its connections, consumers included); how many times
+  kopf ran the change handlers of a new resource (once per service is no work done twice);
 - its threads and RSS; its CPU while idle (no changes; the worker pods heartbeat as Celery's do, every 2 s), once it has
   settled (after the one-time freeze of its heap for the collector, 120 s after its start)
   over --idle-seconds; the Kubernetes API writes per minute over the same time;
@@ -64,6 +65,7 @@ LOAD_PERIOD_SECONDS = 60.0  # the changing load: a long task for the first half 
 INTERVAL = 15  # statusIntervalSeconds: the default
 HEAP_FROZEN = "objects of the settled operator frozen"  # the operator's log, once settled (flow/context.py)
 HEAP_FREEZE_WAIT_SECONDS = 150.0
+CREATION_HANDLED = "Creation is processed"  # kopf's log line once a new resource's change handlers ran
 
 
 class Figures:
@@ -326,6 +328,8 @@ def measure_steady_state(
         time.sleep(1)
     frozen = HEAP_FROZEN in operator.log()
     record("idle window starts", "after the heap's freeze" if frozen else "no heap freeze logged: at once")
+    # kopf logs each run of the change handlers for a new resource: more runs than services is work done twice.
+    record("creations handled", f"{operator.log().count(CREATION_HANDLED)} for {args.services} services")
     assert operator.process is not None
     threads, rss, cpu0 = process_figures(operator.process.pid)
     writes0, at0 = api.writes(), time.monotonic()

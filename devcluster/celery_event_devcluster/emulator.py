@@ -228,6 +228,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # Every write served, by resource and subresource ("pods", "" / "celeryeventservices", "status"): what the
     # benchmarks report per kind.
     writes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter, init=False)
+    # How late watches bring each live event (0: at once), as an API server under load does: in order, every one.
+    watch_delay_seconds: float = attrs.field(default=0.0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -768,9 +770,31 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return response
 
     async def _live_events(self, request: kmock.Request, marker: Any) -> AsyncIterator[dict[str, Any]]:
-        async for event in marker:
-            if self._wanted(request, event):
+        if not self.watch_delay_seconds:
+            async for event in marker:
+                if self._wanted(request, event):
+                    yield event
+            return
+        # Each event is taken off the bus when it happens and written `watch_delay_seconds` later, in order.
+        loop = asyncio.get_running_loop()
+        due: asyncio.Queue[tuple[float, dict[str, Any] | None]] = asyncio.Queue()
+
+        async def take() -> None:
+            async for event in marker:
+                if self._wanted(request, event):
+                    due.put_nowait((loop.time() + self.watch_delay_seconds, event))
+            due.put_nowait((loop.time(), None))  # the bus ended: so does the watch, after what it has
+
+        taking = asyncio.ensure_future(take())
+        try:
+            while True:
+                at, event = await due.get()
+                if event is None:
+                    return
+                await asyncio.sleep(max(0.0, at - loop.time()))
                 yield event
+        finally:
+            taking.cancel()
 
     @staticmethod
     def _wanted(request: kmock.Request, event: dict[str, Any]) -> bool:

@@ -11,6 +11,8 @@ from celery_event_operator.core.api.metadata import KOPF_ANNOTATION_PREFIX
 from celery_event_operator.core.options import PEERING_LIFETIME_SECONDS, OperatorOptions, WebhookOptions
 from celery_event_operator.flow.context import Context, webhook_certificate
 
+CONSISTENCY_TIMEOUT_SECONDS = 60.0
+
 
 @kopf.on.startup()
 async def connect(memo: kopf.Memo, **_: Any) -> None:
@@ -49,6 +51,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     options: OperatorOptions = memo.options
     settings.persistence.finalizer = options.finalizer
+    # After its own patch kopf waits for the patched version to come back through the watch before it runs change
+    # handlers again; past this it assumes it came. A thousand resources applied at once kept the watch behind by
+    # more than kopf's 5 s: the body without the handled mark made a third of them "created" twice (a second full
+    # reconcile each). The watch always brings the version back, in order, so the wait ends as soon as it does.
+    settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT_SECONDS
     # Our own Events say what went wrong; kopf's per-handler chatter stays in the log.
     settings.posting.level = logging.WARNING
     # Namespaces are given explicitly (no globs), so kopf need not list them.
