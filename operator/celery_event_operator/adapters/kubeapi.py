@@ -391,8 +391,9 @@ class KubeApi:
         )
 
     @classmethod
-    def from_environment(cls) -> KubeApi:
-        """In a pod: its service account. Elsewhere: $KUBECONFIG (read now, not at import)."""
+    def from_environment(cls, watches: int = 1) -> KubeApi:
+        """In a pod: its service account. Elsewhere: $KUBECONFIG (read now, not at import). `watches`: the threads
+        that watch through this client beside the pool's (one per namespace the pods are watched in)."""
         configuration = kubernetes.client.Configuration()
         try:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
@@ -404,7 +405,8 @@ class KubeApi:
         # again after a read timeout (four times 10 s for one hung read): the reads' own retry (AsyncKubeApi.read)
         # waits on the event loop, and only as long as a pass may. A refused connection is still tried at once.
         configuration.retries = urllib3.util.Retry(total=3, read=0, respect_retry_after_header=False)
-        configuration.connection_pool_maxsize = KUBE_API_THREADS  # a connection kept per thread, none discarded
+        # A connection kept for every thread that calls at once: the pool's, and each watch's of the pods.
+        configuration.connection_pool_maxsize = KUBE_API_THREADS + watches
         return cls(kubernetes.client.ApiClient(configuration))
 
     def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:

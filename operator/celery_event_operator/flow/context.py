@@ -71,7 +71,7 @@ class Context:
     @classmethod
     def open(cls, options: OperatorOptions) -> Context:
         """The clients every keeper shares, and the /metrics server when it is wanted."""
-        kube = AsyncKubeApi(KubeApi.from_environment())
+        kube = AsyncKubeApi(KubeApi.from_environment(watches=len(set(options.namespaces)) or 1))
         metrics = MetricsRegistry(
             options.runtime_buckets,
             options.queue_wait_buckets,

@@ -54,7 +54,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # After its own patch kopf waits for the patched version to come back through the watch before it runs change
     # handlers again; past this it assumes it came. A thousand resources applied at once kept the watch behind by
     # more than kopf's 5 s: the body without the handled mark made a third of them "created" twice (a second full
-    # reconcile each). The watch always brings the version back, in order, so the wait ends as soon as it does.
+    # reconcile each). A watch resumed brings every version, in order, so the wait ends as soon as it comes; a watch
+    # listed afresh (410 Gone) may skip it, and then that resource's change and deletion handlers wait out the 60 s.
     settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT_SECONDS
     # Our own Events say what went wrong; kopf's per-handler chatter stays in the log.
     settings.posting.level = logging.WARNING

@@ -858,7 +858,7 @@ SETTLING = [
         id="stuck",
     ),
     pytest.param(status_passed(grace=Grace(64, "a task running now has run up to 32 s")), id="grace"),
-    pytest.param(status_passed(overflowing={"task": (3, 100)}), id="overflowing"),
+    pytest.param(status_passed(overflowing={"name": (3, 100)}), id="overflowing"),
 ]
 
 

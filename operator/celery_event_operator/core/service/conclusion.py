@@ -376,7 +376,7 @@ def _workers(state: _Conditions, workers: WorkersOutcome) -> None:
         state.set(WORKERS_CONFIGURED, "False", workers.target_reason, workers.target_error)
     elif workers.pods_current < workers.pods and workers.mounted_from is not None:
         message = (
-            f"{workers.pods - workers.pods_current}/{workers.pods} pods carry no stamp of settings "
+            f"{workers.pods - workers.pods_current}/{workers.pods} pods carry no stamp of the current settings "
             f"{workers.config_hash}: with no webhook they mount ConfigMap {workers.mounted_from} themselves, and which "
             "settings they run is not checked"
         )
