@@ -46,12 +46,17 @@ class _Expired(Exception):
     """The watch's resourceVersion is older than the API server keeps (410): list again."""
 
 
+def watch_scopes(namespaces: tuple[str, ...]) -> tuple[str | None, ...]:
+    """What the pods are watched in, a thread each: every namespace served once, or the cluster (None)."""
+    return tuple(dict.fromkeys(namespaces)) or (None,)
+
+
 class PodWatch:
     def __init__(self, api: PodsApi, namespaces: tuple[str, ...], gone: Callable[[Labelled], None]) -> None:
         """`namespaces`: those the operator serves (none: every namespace, one cluster-wide watch). `gone` is
         called, on the event loop, with each pod deleted (or found gone by a listing)."""
         self._api = api
-        self._scopes: tuple[str | None, ...] = tuple(dict.fromkeys(namespaces)) or (None,)  # a namespace once
+        self._scopes = watch_scopes(namespaces)
         self._gone = gone
         self._pods = WatchedPods()
         self._unlisted = set(self._scopes)

@@ -18,7 +18,7 @@ from celery_event_operator.adapters.cluster import Cluster
 from celery_event_operator.adapters.injection.catalog import InjectionCatalog
 from celery_event_operator.adapters.kubeapi import AsyncKubeApi, KubeApi
 from celery_event_operator.adapters.monitoring.collector import MetricsRegistry, serve_metrics
-from celery_event_operator.adapters.pods import PodWatch
+from celery_event_operator.adapters.pods import PodWatch, watch_scopes
 from celery_event_operator.adapters.replay.runner import ReplayRunner
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import KubeError
@@ -71,7 +71,7 @@ class Context:
     @classmethod
     def open(cls, options: OperatorOptions) -> Context:
         """The clients every keeper shares, and the /metrics server when it is wanted."""
-        kube = AsyncKubeApi(KubeApi.from_environment(watches=len(set(options.namespaces)) or 1))
+        kube = AsyncKubeApi(KubeApi.from_environment(watches=len(watch_scopes(options.namespaces))))
         metrics = MetricsRegistry(
             options.runtime_buckets,
             options.queue_wait_buckets,
