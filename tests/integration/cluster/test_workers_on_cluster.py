@@ -102,9 +102,16 @@ class Service:
 
     def settled(self, replicas: int) -> dict[str, dict[str, Any]]:
         """The running pods once the workload settled: `replicas` of them, all with the settings stamped on the
-        pod template (the stamp itself is a template change: the Deployment controller rolls once for it)."""
+        pod template (the stamp itself is a template change: the Deployment controller rolls once for it), and
+        that rollout done. A pod made before the stamp carries the same hash (the webhook writes it on every pod
+        it configures), so the hashes alone cannot tell the rollout's old pod from its new one."""
 
         def done() -> dict[str, dict[str, Any]]:
+            deployment = self.cluster.client.get(self.deployment)
+            rolled = deployment.get("status", {})
+            rolled_out = rolled.get("observedGeneration") == deployment["metadata"]["generation"] and (
+                rolled.get("replicas", 0) == rolled.get("updatedReplicas", 0) == replicas
+            )
             running, stamp = self.running(), self.template_hash()
             hashes = {(pod["metadata"].get("annotations") or {}).get(HASH) for pod in running.values()}
             pods = {
@@ -114,8 +121,8 @@ class Service:
                 )
                 for pod in self.pods()
             }
-            settled = stamp is not None and len(running) == replicas == len(pods) and hashes == {stamp}
-            assert settled, f"template {stamp}, running {sorted(running)} with {hashes}, pods {pods}"
+            settled = rolled_out and stamp is not None and len(running) == replicas == len(pods) and hashes == {stamp}
+            assert settled, f"template {stamp}, running {sorted(running)} with {hashes}, pods {pods}, rollout {rolled}"
             return running
 
         found: dict[str, dict[str, Any]] = eventually(done, timeout=90, message="the workers never settled")
