@@ -11,6 +11,7 @@ from typing import Any
 from celery_event_operator.core import naming
 from celery_event_operator.core.api import conditions
 from celery_event_operator.core.api.metadata import DELETION_COST_ANNOTATION, SERVICE_LABEL
+from celery_event_operator.core.api.models import AutoscalingStatus
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.errors import (
     BrokerUnavailableError,
@@ -26,8 +27,10 @@ from celery_event_operator.core.lifecycle.grace import Grace
 from celery_event_operator.core.lifecycle.stuck import StuckMemory
 from celery_event_operator.core.monitoring.consumer import CONNECTING, EventsSubscription
 from celery_event_operator.core.monitoring.state import ServiceMetrics
-from celery_event_operator.core.scaling import policy
+from celery_event_operator.core.scaling import policy, wait_policy, wishes
 from celery_event_operator.core.scaling.depths import counters
+from celery_event_operator.core.scaling.load import LoadSample
+from celery_event_operator.core.scaling.wait_policy import WaitObservations
 from celery_event_operator.core.service.observations import (
     Evicted,
     LifecycleSeen,
@@ -58,6 +61,11 @@ class ScalerMemory:
     history: tuple[policy.Recommendation, ...] | None = None  # the autoscaler's recommendations
     scale: int | None = None  # the workload's desired replicas (its /scale), as last read
     scale_read_at: float = -float("inf")
+    # The wait target's: its load samples, the last runtime measured, and what status.autoscaling shows (with the
+    # replicas it was decided for, and when).
+    samples: tuple[LoadSample, ...] = ()
+    runtime: float | None = None
+    shown: tuple[AutoscalingStatus, int, float] | None = None
 
 
 @dataclasses.dataclass
@@ -162,6 +170,8 @@ async def scale_workers(
     memory: ScalerMemory,
     now: float,
     scale_max_age: float,
+    observed: WaitObservations | None = None,
+    measured_wait: tuple[float, int] | None = None,
 ) -> ScalingSeen:
     """The workers' replicas: the workload's scale read (at most every `scale_max_age` seconds, and again before
     any change), the wish of the autoscaler or of spec.workers.replicas, and the change made. Nothing is decided
@@ -184,12 +194,17 @@ async def scale_workers(
         return seen  # the reconcile reports the missing target
     current = memory.scale
     queue_length = counters(queues.depths)["queueLength"]
-    wish = policy.wish(understood.spec, queue_length, current, memory.history, now, counted=queues.source)
+    wish = wishes.wish(
+        understood.spec, queue_length, current, memory.history, now, counted=queues.source, observed=observed
+    )
     seen = dataclasses.replace(seen, replicas=running)
     if wish is None:
         return seen
     memory.history = wish.history
     seen = dataclasses.replace(seen, desired=wish.recommended)
+    if wish.estimate is not None:
+        _show(memory, understood, wish, measured_wait, now)
+        seen = dataclasses.replace(seen, autoscaling=memory.shown[0] if memory.shown is not None else None)
     if wish.replicas == current:
         return seen
     try:
@@ -207,6 +222,33 @@ async def scale_workers(
     at = conditions.timestamp(datetime.datetime.now(tz=datetime.UTC))
     scaled = Scaled(f"{target.kind}/{target.name}", current, wish.replicas, wish.why, at)
     return dataclasses.replace(seen, workload=wish.replicas, scaled=scaled)
+
+
+# status.autoscaling changes with every pass's figures: it is written when the decision changes, else this often.
+SHOWN_SECONDS = 60.0
+
+
+def _show(
+    memory: ScalerMemory,
+    understood: Understood,
+    wish: wishes.Wish,
+    measured_wait: tuple[float, int] | None,
+    now: float,
+) -> None:
+    target = understood.spec.autoscaling.target_wait_seconds
+    assert wish.estimate is not None
+    assert target is not None
+    shown = memory.shown
+    if (
+        shown is not None
+        and shown[1] == wish.replicas
+        and shown[0].target_wait_seconds == target
+        and shown[0].slots_per_pod == wish.estimate.slots
+        and now - shown[2] < SHOWN_SECONDS
+    ):
+        return
+    at = conditions.timestamp(datetime.datetime.now(tz=datetime.UTC))
+    memory.shown = (wait_policy.shown(wish.estimate, measured_wait, target, wish.why, at), wish.replicas, now)
 
 
 async def _read_scale(

@@ -15,6 +15,10 @@ from celery_event_operator.core.injection import healing
 from celery_event_operator.core.injection.outcome import WorkersOutcome, count_pods
 from celery_event_operator.core.injection.settings import configmap_name
 from celery_event_operator.core.lifecycle import stuck as stuck_memory
+from celery_event_operator.core.monitoring.state import ServiceMetrics
+from celery_event_operator.core.scaling import load
+from celery_event_operator.core.scaling.depths import counters, counts_unacknowledged
+from celery_event_operator.core.scaling.wait_policy import WaitObservations
 from celery_event_operator.core.service.observations import Evicted, LifecycleSeen, QueuesSeen, ScalingSeen
 from celery_event_operator.core.service.pods import PodsOf, WorkerPod
 from celery_event_operator.core.service.spec import Understood
@@ -157,6 +161,9 @@ class Workers:
         """The queue depths and the workers' replicas (scaled when wished); recorded into the service's metrics."""
         spec = understood.spec
         queues = await steps.queues(broker, understood.topology, spec.status_interval_seconds / 2)
+        now = time.monotonic()
+        metrics = self.context.metrics.find(self.namespace, understood.service)
+        observed = self._waiting(understood, queues, metrics, now)
         scaling = await steps.scale_workers(
             self.context.cluster,
             self.namespace,
@@ -164,14 +171,58 @@ class Workers:
             queues=queues,
             running=len(live),
             memory=self.scaler,
-            now=time.monotonic(),
+            now=now,
             scale_max_age=SCALE_READ_RESYNCS * self.context.options.resync_seconds,
+            observed=observed,
+            measured_wait=(
+                load.measured_wait(self.scaler.samples, metrics.queue_wait.bounds)
+                if observed is not None and metrics is not None
+                else None
+            ),
         )
         self._record_metrics(understood.service, queues, scaling, [pod.name for pod in live])
-        metrics = self.context.metrics.find(self.namespace, understood.service)
         if metrics is not None:  # the hostnames its series keep: its live pods (the watched pods, read when needed)
             metrics.live_pods = lambda: (pod.name for pod in pods(understood.service))
         return queues, scaling
+
+    def _waiting(
+        self, understood: Understood, queues: QueuesSeen, metrics: ServiceMetrics | None, now: float
+    ) -> WaitObservations | None:
+        """What a wait target is judged by this pass (a load sample kept); None: no wait target, or nothing to judge
+        by (the queues unread, the events not consumed: a gap in them is no lull, so the samples start afresh)."""
+        spec = understood.spec
+        memory = self.scaler
+        if not spec.autoscaling.enabled or spec.autoscaling.target_wait_seconds is None:
+            memory.samples, memory.runtime, memory.shown = (), None, None
+            return None
+        if queues.depths is None or metrics is None or not metrics.consumer_connected:
+            memory.samples = ()
+            return None
+        totals = metrics.load_totals()
+        queue_length = counters(queues.depths)["queueLength"]
+        # The unacknowledged are running or prefetched by a worker: the running ones wait no more.
+        backlog = (
+            max(0, queue_length - metrics.running.count()) if counts_unacknowledged(queues.source) else queue_length
+        )
+        sample = load.LoadSample(
+            now, totals.sent, totals.started, totals.runtime_seconds, totals.runtimes, backlog, totals.waits
+        )
+        memory.samples = load.kept(memory.samples, sample)
+        measured = load.load(memory.samples, max(load.SHORT_SECONDS, 2.0 * spec.status_interval_seconds))
+        if measured is not None and measured.runtime is not None:
+            memory.runtime = measured.runtime
+        return WaitObservations(measured, memory.runtime, self._slots(understood, metrics), queue_length)
+
+    @staticmethod
+    def _slots(understood: Understood, metrics: ServiceMetrics) -> int:
+        """Tasks one pod runs at once: as its workers report it, else as the spec sets it, else the most one runs
+        now (at least 1)."""
+        workers = understood.spec.workers
+        celery = workers.celery if workers is not None else None
+        if celery is not None and celery.concurrency is not None:
+            return celery.concurrency
+        running = metrics.running
+        return max([1, *(len(running.tasks(worker)) for worker in running.workers())])
 
     def _record_metrics(self, service: str, queues: QueuesSeen, scaling: ScalingSeen, live: list[str]) -> None:
         metrics = self.context.metrics.find(self.namespace, service)

@@ -33,7 +33,7 @@ from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.broker.settings import BrokerSettings
 from celery_event_operator.core.errors import BrokerRefusedError, ManagementUnavailableError
 from celery_event_operator.core.lifecycle.consumers import ByConnection, Consumer, Holding
-from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.scaling.depths import READY_AND_UNACKNOWLEDGED, QueueDepth
 from celery_event_operator.core.service.ownership import Claim, Claimant, Holder, holder_of
 from celery_event_operator.core.topology.declared import Declared
 from celery_event_operator.core.topology.listed import ListedEntities
@@ -150,8 +150,8 @@ class Broker:
             # each queue, a passive declare each.
             counted = await self.control.run_async(lambda connection: apply.consumers(connection, unlisted))
             found = tuple(dataclasses.replace(depth, consumers=counted.get(depth.queue, 0)) for depth in found)
-            return found, "ready + unacknowledged (the broker's statistics are off: consumers by passive declares)"
-        return found, "ready + unacknowledged"
+            return found, f"{READY_AND_UNACKNOWLEDGED} (the broker's statistics are off: consumers by passive declares)"
+        return found, READY_AND_UNACKNOWLEDGED
 
     def listed(self, max_age: float) -> ListedEntities | None:
         return self.listing.entities(max_age)

@@ -370,6 +370,10 @@ class Workers(Model):
     ] = 3600
 
 
+# What messagesPerReplica is when neither it nor targetWaitSeconds is set (KEDA's RabbitMQ scaler's default too).
+DEFAULT_MESSAGES_PER_REPLICA = 20
+
+
 class Autoscaling(Model):
     RULES = (
         Rule(
@@ -377,19 +381,42 @@ class Autoscaling(Model):
             "minReplicas must not exceed maxReplicas",
             lambda autoscaling: autoscaling.min_replicas <= autoscaling.max_replicas,
         ),
+        Rule(
+            "!has(self.messagesPerReplica) || !has(self.targetWaitSeconds)",
+            "set messagesPerReplica or targetWaitSeconds, not both",
+            lambda autoscaling: autoscaling.messages_per_replica is None or autoscaling.target_wait_seconds is None,
+        ),
     )
 
     enabled: bool = False
     min_replicas: Annotated[int, Field(ge=0, le=10_000)] = 1
     max_replicas: Annotated[int, Field(ge=1, le=10_000)] = 10
+    # No schema default: the API server would put it beside every targetWaitSeconds (DEFAULT_MESSAGES_PER_REPLICA
+    # applies when neither is set).
     messages_per_replica: Annotated[
-        int,
+        int | None,
         Field(
+            default=None,
             ge=1,
             le=1_000_000,
-            description=("Waiting messages one worker replica is meant for: desired = ceil(queueLength / this)."),
+            description=(
+                "Waiting messages one worker replica is meant for: desired = ceil(queueLength / this);"
+                f" {DEFAULT_MESSAGES_PER_REPLICA} when neither this nor targetWaitSeconds is set."
+            ),
         ),
-    ] = 20
+    ] = None
+    target_wait_seconds: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=1,
+            le=86_400,
+            description=(
+                "Size the workers so that a task published now starts within this many seconds (the 95th percentile"
+                " of its wait), from the arrivals, runtimes and backlog the operator observes; needs monitoring."
+            ),
+        ),
+    ] = None
     activation_queue_length: Annotated[
         int,
         Field(ge=0, le=1_000_000, description=("From zero replicas, scale up only when more messages than this wait.")),
@@ -448,6 +475,11 @@ class CeleryEventServiceSpec(Model):
             "autoscaling needs workers.scaleTargetRef",
             lambda spec: not spec.autoscaling.enabled or spec.workers is not None,
         ),
+        Rule(
+            "!has(self.autoscaling.targetWaitSeconds) || self.monitoring.enabled",
+            "autoscaling.targetWaitSeconds needs monitoring.enabled: the waits are estimated from the Celery events",
+            lambda spec: spec.autoscaling.target_wait_seconds is None or spec.monitoring.enabled,
+        ),
     )
 
     service_name: Annotated[
@@ -500,6 +532,25 @@ class Condition(Model):
     last_transition_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
 
+class AutoscalingStatus(Model):
+    """What the wait target's last decision saw and concluded (written at a decision, else at most once a minute)."""
+
+    target_wait_seconds: Annotated[int, Field(ge=1, description="spec.autoscaling.targetWaitSeconds.")]
+    estimated_wait: Annotated[
+        str, Field(max_length=100, description="The 95th percentile of the wait of a task published now, estimated.")
+    ]
+    measured_wait: Annotated[
+        str, Field(max_length=200, description="The 95th percentile of the waits measured in the last minute.")
+    ]
+    arrivals: Annotated[str, Field(max_length=100, description="Tasks arriving per second.")]
+    runtime: Annotated[str, Field(max_length=100, description="The mean runtime of the tasks lately.")]
+    slots_per_pod: Annotated[int, Field(ge=0, description="Tasks one worker pod runs at once.")]
+    capacity_per_pod: Annotated[str, Field(max_length=100, description="Tasks per second one pod runs.")]
+    backlog: Annotated[int, Field(ge=0, description="Tasks waiting for a worker.")]
+    reason: Annotated[str, Field(max_length=1000, description="Why the replicas are what they are.")]
+    decided_at: Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
 class CeleryEventServiceStatus(Model):
     observed_generation: Annotated[int | None, Field(default=None, ge=0)] = None
     conditions: Annotated[
@@ -538,6 +589,10 @@ class CeleryEventServiceStatus(Model):
     ] = None
     grace_period_basis: Annotated[
         str | None, Field(default=None, max_length=1000, description="What gracePeriodSeconds covers, and why.")
+    ] = None
+    autoscaling: Annotated[
+        AutoscalingStatus | None,
+        Field(default=None, description="The wait target's figures (autoscaling.targetWaitSeconds)."),
     ] = None
 
 

@@ -57,6 +57,10 @@ class RunningTasks:
                 if unseen.count <= 0:
                     del self._unseen[worker]
 
+    def count(self) -> int:
+        """Tasks running now, seen starting or not."""
+        return len(self._started) + sum(unseen.count for unseen in self._unseen.values())
+
     def forget(self, worker: str) -> None:
         """The worker runs nothing (any more): its tasks whose end was not seen go."""
         for uuid in self._of_worker.pop(worker, ()):

@@ -152,6 +152,15 @@ def fields_of_oversized(head: bytes, tail: bytes) -> dict[str, str]:
     return fields
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadTotals:
+    sent: int  # task-sent events
+    started: int  # task-started events
+    runtime_seconds: float  # the runtimes of the tasks that succeeded, summed
+    runtimes: int  # how many succeeded
+    waits: tuple[int, ...]  # the measured waits per celery_task_queue_wait_time bucket (not cumulative)
+
+
 class Histogram:
     """Per-bucket counts (made cumulative by the renderer) and sums, by series."""
 
@@ -493,6 +502,29 @@ class ServiceMetrics:
                 going=worker if going else None,
             )
         self.running.forget(worker)
+
+    def load_totals(self) -> LoadTotals:
+        """What the handler tasks' events said so far (every task's when the service names no handler): the
+        arrivals, starts, runtimes and waits a wait target is judged by. Summed off the event path, per status pass."""
+        queues = self._handler_queue_names
+        sent = started = 0
+        for (kind, _task, _worker, queue, _exception), count in self.counters.items():
+            if queues and queue not in queues:
+                continue
+            if kind == "sent":
+                sent += count
+            elif kind == "started":
+                started += count
+        runtime_seconds, runtimes = 0.0, 0
+        for series, counts in self.runtime.counts.items():
+            if not queues or series[2] in queues:
+                runtimes += sum(counts)
+                runtime_seconds += self.runtime.sums[series]
+        waits = [0] * (len(self.queue_wait.bounds) + 1)
+        for series, counts in self.queue_wait.counts.items():
+            if not queues or series[2] in queues:
+                waits = [a + b for a, b in zip(waits, counts, strict=True)]
+        return LoadTotals(sent, started, runtime_seconds, runtimes, tuple(waits))
 
     def running_tasks(self, worker: str) -> list[RunningTask]:
         """The tasks a worker runs that were seen starting, oldest first, named when their name is remembered."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 ROLE_COUNTERS = {"events": "queueLength", "retry": "retrying", "archive": "archived"}
+# How the depths were counted when the management API gave them (the only way the held messages are seen).
+READY_AND_UNACKNOWLEDGED = "ready + unacknowledged"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,3 +25,9 @@ def counters(depths: tuple[QueueDepth, ...]) -> dict[str, int]:
         if depth.role == "events":
             totals["consumers"] += depth.consumers
     return totals
+
+
+def counts_unacknowledged(source: str) -> bool:
+    """Whether depths counted as `source` says include the messages workers hold (ready only without the
+    management API)."""
+    return source.startswith(READY_AND_UNACKNOWLEDGED)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from celery_event_operator.core.api.models import Autoscaling, CeleryEventServiceSpec
+from celery_event_operator.core.api.models import DEFAULT_MESSAGES_PER_REPLICA, Autoscaling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,7 @@ def recommend(queue_length: int, current: int, policy: Autoscaling) -> int:
     if queue_length <= policy.activation_queue_length and (current == 0 or queue_length == 0):
         wanted = 0  # inactive: at or below the activation threshold nothing wakes a service at zero
     else:
-        wanted = max(1, math.ceil(queue_length / policy.messages_per_replica))
+        wanted = max(1, math.ceil(queue_length / (policy.messages_per_replica or DEFAULT_MESSAGES_PER_REPLICA)))
     return min(max(wanted, policy.min_replicas), policy.max_replicas)
 
 
@@ -66,32 +66,3 @@ def seed(current: int, now: float) -> tuple[Recommendation, ...]:
     """A fresh history (e.g. after an operator restart): the current replicas count as recommended now,
     so no scale-down happens before a full window of evidence."""
     return (Recommendation(now, current),)
-
-
-@dataclasses.dataclass(frozen=True)
-class Wish:
-    """The replicas a service's workers should have now, and why."""
-
-    replicas: int  # what the target should have now
-    recommended: int  # status.desiredReplicas
-    why: str
-    history: tuple[Recommendation, ...] | None  # the autoscaler's, to keep for the next decision
-
-
-def wish(
-    spec: CeleryEventServiceSpec,
-    queue_length: int,
-    current: int,
-    history: tuple[Recommendation, ...] | None,
-    now: float,
-    *,
-    counted: str,
-) -> Wish | None:
-    """The autoscaler's decision, else spec.workers.replicas; None when nothing is to be scaled."""
-    if spec.autoscaling.enabled:
-        decision = decide(queue_length, current, spec.autoscaling, history or seed(current, now), now)
-        return Wish(decision.replicas, decision.recommended, f"{decision.reason}; counted {counted}", decision.history)
-    if spec.workers is not None and spec.workers.replicas is not None:
-        replicas = spec.workers.replicas
-        return Wish(replicas, replicas, f"spec.workers.replicas is {replicas}", history)
-    return None

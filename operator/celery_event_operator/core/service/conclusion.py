@@ -19,7 +19,11 @@ from pydantic import ValidationError
 
 from celery_event_operator.core.api import conditions
 from celery_event_operator.core.api.metadata import DECLARED_ANNOTATION
-from celery_event_operator.core.api.models import CeleryEventServiceStatus, Condition, ConditionStatus
+from celery_event_operator.core.api.models import (
+    CeleryEventServiceStatus,
+    Condition,
+    ConditionStatus,
+)
 from celery_event_operator.core.broker.alarms import Alarm, describe
 from celery_event_operator.core.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
 from celery_event_operator.core.injection.outcome import WorkersOutcome
@@ -194,12 +198,7 @@ def conclude(
             fields["observed_generation"] = seen.generation
         annotations |= _topology(state, seen.topology, seen.workers, seen.declared, seen.alarms)
         announced = _settings_unavailable(state, seen.settings_unavailable, announced)
-    resync = False
-    if seen.topology is None and seen.alarms is not None:  # a status pass
-        if seen.alarms:
-            _alarmed(state, seen.alarms)
-        else:
-            resync = _alarms_cleared(state)
+    resync = _alarms_seen(state, seen)
     if seen.queues is not None:
         announced = _queues(fields, state, seen.queues, announced, autoscaling=_autoscaling(seen))
     if seen.scaling is not None:
@@ -226,8 +225,11 @@ def conclude(
         if message is not None:
             state.events.append(EventNote("Warning", report.OVERFLOW_REASON, message))
         announced = dataclasses.replace(announced, overflowed=overflowed)
+    cleared = _autoscaling_cleared(fields, previous, seen)
     fields["conditions"] = sorted(state.current, key=lambda c: _ORDER.get(c.type, len(_ORDER)))
-    return Conclusion(previous.model_copy(update=fields), tuple(state.events), annotations, announced, resync)
+    return Conclusion(
+        previous.model_copy(update=fields), tuple(state.events), annotations, announced, resync, cleared=cleared
+    )
 
 
 # What a resource that does not own its service's topology shows none of: it declares, consumes and counts nothing.
@@ -242,6 +244,7 @@ _NOT_OWNED_FIELDS = {
     "last_scale_time": "lastScaleTime",
     "grace_period_seconds": "gracePeriodSeconds",
     "grace_period_basis": "gracePeriodBasis",
+    "autoscaling": "autoscaling",
 }
 
 
@@ -344,6 +347,19 @@ class _Conditions:
 
 def _autoscaling(seen: Observations) -> bool:
     return seen.spec is not None and seen.spec.autoscaling.enabled
+
+
+def _autoscaling_cleared(
+    fields: dict[str, Any], previous: CeleryEventServiceStatus, seen: Observations
+) -> frozenset[str]:
+    """status.autoscaling removed when the spec sets no wait target (any more)."""
+    spec = seen.spec
+    if previous.autoscaling is None or spec is None:
+        return frozenset()
+    if spec.autoscaling.enabled and spec.autoscaling.target_wait_seconds is not None:
+        return frozenset()
+    fields["autoscaling"] = None
+    return frozenset({"autoscaling"})
 
 
 def _replacing(seen: Observations) -> bool:
@@ -472,6 +488,16 @@ def _alarmed(state: _Conditions, alarms: tuple[Alarm, ...]) -> None:
     state.set(conditions.READY, "False", BROKER_ALARM, message, announce=False)
 
 
+def _alarms_seen(state: _Conditions, seen: Observations) -> bool:
+    """The alarms a status pass saw; True when they cleared (a reconcile should conclude afresh)."""
+    if seen.topology is not None or seen.alarms is None:
+        return False
+    if seen.alarms:
+        _alarmed(state, seen.alarms)
+        return False
+    return _alarms_cleared(state)
+
+
 def _alarms_cleared(state: _Conditions) -> bool:
     """The alarm the status shows is no longer in effect: a reconcile concludes the conditions afresh."""
     found = conditions.find(state.current, BROKER_REACHABLE)
@@ -538,6 +564,8 @@ def _scaling(
         fields["replicas"] = scaling.replicas
     if scaling.desired is not None:
         fields["desired_replicas"] = scaling.desired
+    if scaling.autoscaling is not None:
+        fields["autoscaling"] = scaling.autoscaling
     if scaling.failed is not None and scaling.failed != announced.scaling_failure:
         state.events.append(EventNote("Warning", "ScalingFailed", scaling.failed))  # once per distinct refusal
     if scaling.scaled is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from celery_event_operator.core.api.models import CeleryEventServiceSpec
+from celery_event_operator.core.api.models import AutoscalingStatus, CeleryEventServiceSpec
 from celery_event_operator.core.broker.alarms import Alarm
 from celery_event_operator.core.errors import InvalidSpecError
 from celery_event_operator.core.injection.outcome import WorkersOutcome
@@ -55,6 +55,7 @@ class ScalingSeen:
     scale_problem: str | None = None  # the workload's /scale could not be read
     scaled: Scaled | None = None
     failed: str | None = None  # the change of replicas was refused
+    autoscaling: AutoscalingStatus | None = None  # the wait target's figures, when it decided
 
 
 @dataclasses.dataclass(frozen=True)
