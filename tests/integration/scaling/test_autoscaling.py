@@ -197,3 +197,34 @@ def test_broker_outage_leaves_replicas_alone(
     # Longer than the window: with a "0" from missing data it would scale down.
     stays(lambda: replicas(kube_api) == 3, seconds=WINDOW + 2, message="scaled on missing data")
     eventually(lambda: "ScalingPaused" in event_reasons(kube_api), timeout=5, message="no ScalingPaused Event")
+
+
+def test_a_wait_target_says_what_it_judges_by_and_switching_to_queue_length_clears_it(
+    kube_api: EmulatedApi, operator: OperatorProcess, test_vhost_url: str
+) -> None:
+    """No worker runs here: no task's runtime is known, so the replicas stay (at least one) and status says why.
+    The user's path with real workers is tests/integration/cluster/test_wait_target_on_cluster.py."""
+    create_broker_secret(kube_api, test_vhost_url)
+    body = service(minReplicas=0, targetWaitSeconds=30)
+    del body["spec"]["autoscaling"]["messagesPerReplica"]
+    kube_api.client.create(CES, body)
+    eventually(lambda: topology_ready(kube_api), timeout=20)
+    publish(test_vhost_url, 40)
+
+    def shown() -> dict[str, Any]:
+        found: dict[str, Any] = kube_api.client.get(CES + "/billing").get("status", {}).get("autoscaling") or {}
+        return found
+
+    figures = eventually(shown, timeout=10)
+    assert figures["targetWaitSeconds"] == 30
+    assert figures["estimatedWait"] == "unknown"
+    assert "runtime is not known yet" in figures["reason"]
+    assert figures["measuredWait"] == "none measured in the last minute"
+    eventually(lambda: replicas(kube_api) >= 1, timeout=5, message="a backlog did not wake the service")
+
+    # One or the other: the merge patch names both, the old one as null.
+    kube_api.client.merge_patch(
+        CES + "/billing", {"spec": {"autoscaling": {"targetWaitSeconds": None, "messagesPerReplica": 10}}}
+    )
+    eventually(lambda: replicas(kube_api) == 4, timeout=10, message="40 messages at 10 a replica did not make 4")
+    eventually(lambda: "autoscaling" not in kube_api.client.get(CES + "/billing")["status"], timeout=10)

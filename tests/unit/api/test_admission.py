@@ -160,6 +160,32 @@ BAD = [
         id="autoscaling-without-workers",
     ),
     pytest.param(
+        variant(
+            {
+                "autoscaling": {"enabled": True, "messagesPerReplica": 20, "targetWaitSeconds": 30},
+                "workers": {"scaleTargetRef": {"name": "w"}},
+            }
+        ),
+        {Violation("spec.autoscaling", "set messagesPerReplica or targetWaitSeconds, not both")},
+        id="queue-length-and-wait-target-both",
+    ),
+    pytest.param(
+        variant(
+            {
+                "autoscaling": {"enabled": True, "targetWaitSeconds": 30},
+                "workers": {"scaleTargetRef": {"name": "w"}},
+                "monitoring": {"enabled": False},
+            }
+        ),
+        {
+            Violation(
+                "spec",
+                "autoscaling.targetWaitSeconds needs monitoring.enabled: waits are judged from the Celery events",
+            )
+        },
+        id="wait-target-without-monitoring",
+    ),
+    pytest.param(
         variant({"events": {"exchange": "amq.topic"}}),
         {Violation("spec.events", "exchange names starting with 'amq.' are reserved by RabbitMQ")},
         id="reserved-exchange",

@@ -477,7 +477,7 @@ class CeleryEventServiceSpec(Model):
         ),
         Rule(
             "!has(self.autoscaling.targetWaitSeconds) || self.monitoring.enabled",
-            "autoscaling.targetWaitSeconds needs monitoring.enabled: the waits are estimated from the Celery events",
+            "autoscaling.targetWaitSeconds needs monitoring.enabled: waits are judged from the Celery events",
             lambda spec: spec.autoscaling.target_wait_seconds is None or spec.monitoring.enabled,
         ),
     )
