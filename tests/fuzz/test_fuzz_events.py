@@ -1,6 +1,6 @@
 """Celery events of any shape → a service's metrics → the exposition: nothing raises, Prometheus' own parser reads
-every scrape (labels valid UTF-8 and escaped, values finite float64), and one service's input never changes another
-service's block."""
+every scrape (labels valid UTF-8 and escaped, values finite float64), one service's input never changes another
+service's block, and a worker's slots are only ever what it reported within bounds."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_event_operator.adapters.monitoring.collector import MetricsRegistry
-from celery_event_operator.core.monitoring.bounds import SeriesSettings
+from celery_event_operator.core.monitoring.bounds import MAX_WORKER_SLOTS, SeriesSettings
 from celery_event_operator.core.monitoring.state import TASK_EVENT_KINDS, ServiceMetrics
 from tests.fuzz.strategies import JSON, NUMBERS, SCALARS, TEXT, nested
 from tests.support import promparse
@@ -31,6 +31,7 @@ FIELDS = {
     "timestamp": NUMBERS,
     "runtime": NUMBERS,
     "active": NUMBERS,
+    "concurrency": st.one_of(st.integers(min_value=1, max_value=MAX_WORKER_SLOTS), NUMBERS, TEXT),  # our runtime's
     "eta": SCALARS,
     "retries": SCALARS,
 }
@@ -114,3 +115,7 @@ def test_any_events_give_a_scrape_prometheus_parses_and_leave_other_services_as_
         assert all(math.isfinite(sample.value) for sample in family.samples), family.name
     scraped(alone)
     assert block(registry, "neighbour") == block(alone, "neighbour")
+    slots = hostile.worker_slots
+    assert all(type(count) is int and 1 <= count <= MAX_WORKER_SLOTS for count in slots.values()), slots
+    assert set(slots) <= set(hostile.last_heard), "remembered only of workers remembered"
+    assert hostile.slots_per_pod() in {None, *slots.values()}

@@ -20,6 +20,10 @@ from celery_event_devcluster import kubelet
 from tests.support import waiting
 from tests.support.kube import KubeClient
 
+# This checkout's operator/ (the runtime). The venv's editable install may point at another checkout (a worktree's
+# tests run with the main checkout's venv): first on the workers' PYTHONPATH, the runtime under test is what runs.
+SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[2] / "operator"
+
 
 def as_kubelet_would(pod: dict[str, Any], client: KubeClient, mount_root: pathlib.Path) -> dict[str, str]:
     def read_secret(namespace: str, name: str, key: str) -> str:
@@ -34,13 +38,19 @@ def as_kubelet_would(pod: dict[str, Any], client: KubeClient, mount_root: pathli
 
 
 class Worker:
-    """`celery -A <module> worker` in `app_dir`, with exactly the given env (plus PATH/HOME)."""
+    """`celery -A <module> worker` in `app_dir`, with exactly the given env (plus PATH/HOME, and this checkout's
+    runtime first on PYTHONPATH)."""
 
     def __init__(
         self, app_dir: pathlib.Path, module: str, env: dict[str, str], log_path: pathlib.Path, *options: str
     ) -> None:
         self.app_dir = app_dir
-        self.env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
+        self.env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": os.environ.get("HOME", "/tmp"),
+            **env,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE_ROOT), env.get("PYTHONPATH")])),
+        }
         self.command = [sys.executable, "-m", "celery", "-A", module, "worker", "--loglevel=INFO", *options]
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None

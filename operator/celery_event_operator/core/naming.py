@@ -10,6 +10,9 @@ EXCEPTION_TYPE_HEADER = "x-celery-events-exception-type"
 ARCHIVED_AT_HEADER = "x-celery-events-archived-at"
 # Set per worker pod by the webhook (from its grace period); read by the injected settings and the runtime.
 SOFT_SHUTDOWN_ENV = "CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"
+# The field the runtime adds to its worker-online and worker-heartbeat events (Celery's carry no pool size): the most
+# tasks the worker runs at once, which the operator's autoscaling needs.
+CONCURRENCY_FIELD = "concurrency"
 
 
 def handler_queue_name(service: str, event: str) -> str:

@@ -21,6 +21,7 @@ from celery_event_operator.core import naming
 from celery_event_operator.core.broker import versions
 from celery_event_operator.core.broker.address import with_vhost
 from celery_event_operator.core.worker_settings import ROBUST_CELERY_SETTINGS
+from celery_event_operator.runtime import heart
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ DEFAULT_SETTINGS_PATH = "/etc/celery-events/settings.json"
 EXCEPTION_HEADER = naming.EXCEPTION_HEADER
 EXCEPTION_TYPE_HEADER = naming.EXCEPTION_TYPE_HEADER
 MAX_EXCEPTION_TEXT = 2000
+SLOTS_HEART_STEP = f"{heart.__name__}:{heart.SlotsHeart.__name__}"
 
 
 class UnknownMessageError(Exception):
@@ -274,7 +276,7 @@ class EventsApp(Celery):  # type: ignore[misc]  # Celery is untyped
 
 
 class EventsConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
-    """Celery's worker consumer, with two changes.
+    """Celery's worker consumer, with three changes.
 
     No native delayed delivery, which Celery >= 5.5 switches on for quorum queues: it would declare its own
     `celery_delayed_*` exchanges and queues and bind ours to them. Retries wait on the broker in the
@@ -283,10 +285,16 @@ class EventsConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
     A message that can never be run — a body that does not decode, a task no handler is registered for, a
     message that is no task — is archived at once with the reason, where Celery would drop it (decode
     errors) or reject it (a loop through the retry levels on classic queues).
+
+    Its heartbeats say how many tasks the worker runs at once (runtime/heart.py), for the operator's autoscaling.
     """
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
-        default_steps = [step for step in Consumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")]
+        default_steps = [
+            SLOTS_HEART_STEP if step == heart.CELERY_HEART_STEP else step
+            for step in Consumer.Blueprint.default_steps
+            if not step.endswith(":DelayedDelivery")
+        ]
 
     def connect(self) -> Any:
         """Celery's connection, and the handler queues' consumer arguments for the broker it reached (each connect:

@@ -417,3 +417,97 @@ def test_an_integer_beyond_float64_leaves_its_value_out_and_the_rest_of_the_batc
     assert metrics.counters[("succeeded", "huge", W, "celery", "")] == 1
     assert metrics.runtime.counts == {}
     assert metrics.refused_values == {"timestamp": 1, "runtime": 1}
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "remembered", "refused"),
+    [
+        pytest.param(4, 4, 0, id="valid"),
+        pytest.param(1, 1, 0, id="solo"),
+        pytest.param(bounds.MAX_WORKER_SLOTS, bounds.MAX_WORKER_SLOTS, 0, id="the-bound"),
+        pytest.param(bounds.MAX_WORKER_SLOTS + 1, None, 1, id="past-the-bound"),
+        pytest.param(10**400, None, 1, id="huge"),
+        pytest.param(0, None, 1, id="zero"),
+        pytest.param(-3, None, 1, id="negative"),
+        pytest.param(True, None, 1, id="bool"),
+        pytest.param(4.0, None, 1, id="float"),
+        pytest.param(float("nan"), None, 1, id="nan"),
+        pytest.param("4", None, 1, id="string"),
+        pytest.param([4], None, 1, id="list"),
+        pytest.param(None, None, 0, id="missing"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["worker-online", "worker-heartbeat"])
+def test_a_workers_slots_are_what_it_reported_else_refused_and_counted(
+    kind: str, concurrency: Any, remembered: int | None, refused: int
+) -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    fields = {} if concurrency is None else {"concurrency": concurrency}
+    metrics.ingest_message(json.dumps(event(kind, active=1, **fields)).encode(), 1.0)
+    assert metrics.worker_slots.get("pod-a") == remembered
+    assert metrics.refused_values.get("concurrency", 0) == refused
+    assert metrics.worker_active == {"pod-a": 1}, "the rest of the event counts"
+
+
+def test_a_refused_concurrency_keeps_what_the_worker_reported_before() -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    metrics.ingest(event("worker-online", concurrency=3), 1.0)
+    metrics.ingest(event("worker-heartbeat", concurrency="lots"), 2.0)
+    metrics.ingest(event("worker-heartbeat"), 3.0)  # Celery's own heartbeat: no field
+    assert metrics.worker_slots == {"pod-a": 3}
+    metrics.ingest(event("worker-heartbeat", concurrency=5), 4.0)  # restarted with another pool size
+    assert metrics.worker_slots == {"pod-a": 5}
+
+
+def test_refused_concurrencies_are_exported_by_field() -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    found = samples(registry)
+    refused = "celery_event_operator_event_values_refused_total"
+    assert value(found, refused, field="concurrency") == 0, "at 0 too"
+    metrics.ingest(event("worker-heartbeat", concurrency=-1), 1.0)
+    assert value(samples(registry), refused, field="concurrency") == 1
+
+
+def test_a_workers_slots_are_forgotten_with_it_and_its_late_words_ignored() -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    for worker in ("pod-a", "pod-b", "vanished"):
+        metrics.ingest(event("worker-heartbeat", worker, concurrency=2), 0.0)
+    metrics.forget_worker("pod-a", 1.0)
+    metrics.ingest(event("worker-heartbeat", "pod-a", concurrency=2), 2.0)  # a deleted pod's late heartbeat
+    assert metrics.sweep(["pod-b"], now=100.0, silence_seconds=60.0) == ["vanished"]
+    assert metrics.worker_slots == {"pod-b": 2}
+
+
+@pytest.mark.parametrize(
+    ("reports", "expected"),
+    [
+        pytest.param([], None, id="none-heard"),
+        pytest.param([("pod-a", None)], None, id="none-reported"),
+        pytest.param([("pod-a", 4)], 4, id="one"),
+        pytest.param([("pod-a", 4), ("pod-b", 4), ("pod-c", 8)], 4, id="most-common"),
+        pytest.param([("pod-a", 4), ("pod-b", 8)], 8, id="tie-the-higher"),
+        pytest.param([("pod-a", 2), ("pod-b", 2), ("pod-c", 8), ("pod-d", 8), ("pod-e", 1)], 8, id="tie-of-many"),
+        pytest.param([("pod-a", 4), ("pod-b", None), ("pod-c", -1)], 4, id="silent-and-refused-ignored"),
+    ],
+)
+def test_slots_per_pod_is_the_most_common_report_of_the_workers(
+    reports: list[tuple[str, int | None]], expected: int | None
+) -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    for worker, slots in reports:
+        fields = {} if slots is None else {"concurrency": slots}
+        metrics.ingest(event("worker-online", worker, **fields), 1.0)
+    assert metrics.slots_per_pod() == expected
+
+
+def test_slots_per_pod_leaves_out_workers_gone_offline_or_forgotten() -> None:
+    metrics = state.ServiceMetrics("shop", "billing")
+    for worker, slots in (("old-a", 2), ("old-b", 2), ("new-a", 6)):
+        metrics.ingest(event("worker-heartbeat", worker, concurrency=slots), 1.0)
+    assert metrics.slots_per_pod() == 2
+    metrics.ingest(event("worker-offline", "old-a", concurrency=2), 2.0)  # a rollout: the old pods shut down
+    metrics.forget_worker("old-b", 3.0)
+    assert metrics.slots_per_pod() == 6
+    metrics.ingest(event("worker-offline", "new-a"), 4.0)
+    assert metrics.slots_per_pod() is None

@@ -19,6 +19,9 @@ DEFAULT_MAX_TASK_NAMES = 500
 MAX_EXCEPTIONS_PER_TASK = 20
 MAX_QUEUES = 50  # queue_name values of tasks of no handler (task-sent's `queue`): the handlers' queues are free
 MAX_WORKERS_OUTSIDE_PODS = 100  # hostnames that are no live pod of the service (a laptop, a VM)
+# The most tasks one worker may say it runs at once (its heartbeats' `concurrency`): beyond the largest gevent or
+# eventlet pools; a larger number is no worker's, and the replicas computed from it would be nonsense.
+MAX_WORKER_SLOTS = 10_000
 # Tasks in flight remembered (for the events that carry neither name nor queue), per service and in all.
 TASKS_KEPT = 50_000
 TASKS_BUDGET = 200_000  # about 55 MB when full

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeGuard, TypeVar, overload
 
+from celery_event_operator.core import naming
 from celery_event_operator.core.monitoring import bounds
 from celery_event_operator.core.monitoring.bounds import (
     DEFAULT_SETTINGS,
@@ -60,7 +61,16 @@ MAX_SECONDS = 2**32
 MAX_ACTIVE = 2**32
 # Values of an event that cannot be exported as sent, counted by field: label values whose text is no valid UTF-8
 # (a lone surrogate, valid in JSON) are exported with U+FFFD in place; numbers out of range are left out.
-REFUSED_FIELDS = ("name", "hostname", "exception", "queue_name", "active", "runtime", "timestamp")
+REFUSED_FIELDS = (
+    "name",
+    "hostname",
+    "exception",
+    "queue_name",
+    "active",
+    "runtime",
+    "timestamp",
+    naming.CONCURRENCY_FIELD,
+)
 
 CounterKey = tuple[str, str, str, str, str]  # kind, task, worker (SERVICE_WIDE by default), queue, exception
 HistogramKey = tuple[str, str, str]  # task, worker, queue
@@ -249,6 +259,8 @@ class ServiceMetrics:
         # --without-heartbeat never does: its silence tells nothing.
         self.last_heartbeat: dict[str, float] = {}
         self.first_heard: dict[str, float] = {}  # when each worker was first heard from (by this operator)
+        # The most tasks each worker runs at once, as its last worker-online or worker-heartbeat said (our runtime's).
+        self.worker_slots: dict[str, int] = {}
         self.events_consumed = 0
         self.malformed = 0
         self.dropped = 0  # well-formed events of no interest (types we do not count)
@@ -737,6 +749,21 @@ class ServiceMetrics:
             self.running.active(worker, active, now)  # how many it runs: those not seen starting are the rest
         elif active is not None:
             self._refused("active")
+        slots = event.get(naming.CONCURRENCY_FIELD)
+        if slots is not None:
+            if type(slots) is int and 0 < slots <= bounds.MAX_WORKER_SLOTS:
+                self.worker_slots[worker] = slots
+            else:
+                self._refused(naming.CONCURRENCY_FIELD)
+
+    def slots_per_pod(self) -> int | None:
+        """How many tasks one pod runs at once, as the workers up say (a worker gone offline is shutting down): the
+        value most of them reported, the higher of a tie; None when none reported one."""
+        up = self.worker_up
+        reported = collections.Counter(slots for worker, slots in self.worker_slots.items() if up.get(worker) == 1)
+        if not reported:
+            return None
+        return max(reported, key=lambda slots: (reported[slots], slots))
 
     # --- garbage collection -----------------------------------------------------------------
 
@@ -751,7 +778,14 @@ class ServiceMetrics:
                 self.runtime.remove(key)
             else:
                 self.queue_wait.remove(key)
-        for per_worker in (self.worker_up, self.worker_active, self.last_heard, self.last_heartbeat, self.first_heard):
+        for per_worker in (
+            self.worker_up,
+            self.worker_active,
+            self.worker_slots,
+            self.last_heard,
+            self.last_heartbeat,
+            self.first_heard,
+        ):
             per_worker.pop(worker, None)
         self.reruns.ended(worker, now)
         self._cut_runs(worker, "pod_stopped", now)
