@@ -217,6 +217,9 @@ class Workers:
     def _slots(understood: Understood, metrics: ServiceMetrics) -> int:
         """Tasks one pod runs at once: as its workers report it, else as the spec sets it, else the most one runs
         now (at least 1)."""
+        reported = metrics.slots_per_pod()
+        if reported is not None:
+            return reported
         workers = understood.spec.workers
         celery = workers.celery if workers is not None else None
         if celery is not None and celery.concurrency is not None:
