@@ -65,7 +65,8 @@ class ScalerMemory:
     # replicas it was decided for, and when).
     samples: tuple[LoadSample, ...] = ()
     runtime: float | None = None
-    shown: tuple[AutoscalingStatus, int, float] | None = None
+    shown: tuple[AutoscalingStatus, tuple[int, str], float] | None = None
+    slots_seen: int = 0  # the most tasks one worker was seen running at once (when no slots are reported or set)
 
 
 @dataclasses.dataclass
@@ -235,20 +236,27 @@ def _show(
     measured_wait: tuple[float, int] | None,
     now: float,
 ) -> None:
+    """What status.autoscaling shows: anew at a change of the decision (the recommendation, what it is based on, the
+    target, the slots), else at most every SHOWN_SECONDS and only when a figure changed (decidedAt alone writes no
+    status)."""
     target = understood.spec.autoscaling.target_wait_seconds
     assert wish.estimate is not None
     assert target is not None
     shown = memory.shown
-    if (
-        shown is not None
-        and shown[1] == wish.replicas
-        and shown[0].target_wait_seconds == target
-        and shown[0].slots_per_pod == wish.estimate.slots
-        and now - shown[2] < SHOWN_SECONDS
-    ):
-        return
     at = conditions.timestamp(datetime.datetime.now(tz=datetime.UTC))
-    memory.shown = (wait_policy.shown(wish.estimate, measured_wait, target, wish.why, at), wish.replicas, now)
+    figures = wait_policy.shown(wish.estimate, measured_wait, target, wish.why, at)
+    if shown is not None:
+        previous, decided, shown_at = shown
+        decided_alike = (
+            decided == (wish.recommended, wish.estimate.basis)
+            and previous.target_wait_seconds == target
+            and previous.slots_per_pod == figures.slots_per_pod
+        )
+        if decided_alike and (
+            now - shown_at < SHOWN_SECONDS or figures.model_copy(update={"decided_at": previous.decided_at}) == previous
+        ):
+            return
+    memory.shown = (figures, (wish.recommended, wish.estimate.basis), now)
 
 
 async def _read_scale(

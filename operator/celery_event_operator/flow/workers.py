@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -188,35 +189,41 @@ class Workers:
     def _waiting(
         self, understood: Understood, queues: QueuesSeen, metrics: ServiceMetrics | None, now: float
     ) -> WaitObservations | None:
-        """What a wait target is judged by this pass (a load sample kept); None: no wait target, or nothing to judge
-        by (the queues unread, the events not consumed: a gap in them is no lull, so the samples start afresh)."""
+        """What a wait target is judged by this pass (a load sample kept); None: no wait target, or the queues
+        unread. While the events are not consumed the samples start afresh (a gap in them is no lull), and the tasks
+        counted are those stamped since they did (the events read again after a reconnect were sent before)."""
         spec = understood.spec
         memory = self.scaler
-        if not spec.autoscaling.enabled or spec.autoscaling.target_wait_seconds is None:
-            memory.samples, memory.runtime, memory.shown = (), None, None
+        if not spec.autoscaling.enabled or spec.autoscaling.target_wait_seconds is None or metrics is None:
+            memory.samples, memory.runtime, memory.shown, memory.slots_seen = (), None, None, 0
+            if metrics is not None:
+                metrics.load.since = math.inf
             return None
-        if queues.depths is None or metrics is None or not metrics.consumer_connected:
-            memory.samples = ()
+        if queues.depths is None:
             return None
-        totals = metrics.load_totals()
         queue_length = counters(queues.depths)["queueLength"]
+        running = metrics.running.count()
+        slots = self._slots(understood, metrics)
+        if not metrics.consumer_connected:
+            memory.samples = ()
+            return WaitObservations(None, memory.runtime, slots, queue_length, running, events_consumed=False)
+        if not memory.samples:
+            metrics.load.since = time.time()
+        totals = metrics.load
         # The unacknowledged are running or prefetched by a worker: the running ones wait no more.
-        backlog = (
-            max(0, queue_length - metrics.running.count()) if counts_unacknowledged(queues.source) else queue_length
-        )
+        backlog = max(0, queue_length - running) if counts_unacknowledged(queues.source) else queue_length
         sample = load.LoadSample(
-            now, totals.sent, totals.started, totals.runtime_seconds, totals.runtimes, backlog, totals.waits
+            now, totals.sent, totals.started, totals.runtime_seconds, totals.runtimes, backlog, tuple(totals.waits)
         )
         memory.samples = load.kept(memory.samples, sample)
         measured = load.load(memory.samples, max(load.SHORT_SECONDS, 2.0 * spec.status_interval_seconds))
         if measured is not None and measured.runtime is not None:
             memory.runtime = measured.runtime
-        return WaitObservations(measured, memory.runtime, self._slots(understood, metrics), queue_length)
+        return WaitObservations(measured, memory.runtime, slots, queue_length, running)
 
-    @staticmethod
-    def _slots(understood: Understood, metrics: ServiceMetrics) -> int:
-        """Tasks one pod runs at once: as its workers report it, else as the spec sets it, else the most one runs
-        now (at least 1)."""
+    def _slots(self, understood: Understood, metrics: ServiceMetrics) -> int:
+        """Tasks one pod runs at once: as its pods report it, else as the spec sets it, else the most one worker was
+        seen running at once (at least 1)."""
         reported = metrics.slots_per_pod()
         if reported is not None:
             return reported
@@ -225,7 +232,9 @@ class Workers:
         if celery is not None and celery.concurrency is not None:
             return celery.concurrency
         running = metrics.running
-        return max([1, *(len(running.tasks(worker)) for worker in running.workers())])
+        seen = max([1, *(len(running.tasks(worker)) for worker in running.workers())])
+        self.scaler.slots_seen = max(self.scaler.slots_seen, seen)
+        return self.scaler.slots_seen
 
     def _record_metrics(self, service: str, queues: QueuesSeen, scaling: ScalingSeen, live: list[str]) -> None:
         metrics = self.context.metrics.find(self.namespace, service)

@@ -39,7 +39,7 @@ class _SendingAlso:
         self._fields = fields
 
     def send(self, type: str, **fields: Any) -> Any:
-        return self._dispatcher.send(type, **fields, **self._fields)
+        return self._dispatcher.send(type, **{**fields, **self._fields})  # ours win: a field Celery might add one day
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._dispatcher, name)

@@ -64,21 +64,23 @@ def test_a_step_in_load_scales_up_before_the_wait_target_is_missed_by_more_than_
     published_log = tmp_path / "published.jsonl"
     worker = next(iter(cluster.kubelet.workers(namespace).values()))
     production = worker.spawn(producer(published_log))
-    scaled_at: float | None = None
-    started: dict[int, float] = {}  # replicas → when that many pods first ran
+    scaled_at: float | None = None  # when the operator first asked for more pods
+    second_pod_at: float | None = None  # when the first of them ran
+    grown = 1
     while production.poll() is None:
-        replicas = cluster.client.get(billing.deployment)["spec"]["replicas"]
-        if replicas > 1 and scaled_at is None:
+        if scaled_at is None and cluster.client.get(billing.deployment)["spec"]["replicas"] > 1:
             scaled_at = time.time()
         running = len(billing.running())
-        started.setdefault(running, time.time())
+        if second_pod_at is None and running > 1:
+            second_pod_at = time.time()
+        grown = max(grown, running)
         time.sleep(0.5)
     assert production.returncode == 0, production.stderr.read() if production.stderr else ""
     assert scaled_at is not None, "the step did not scale the workers up"
+    assert second_pod_at is not None, "no new pod ran"
     published = {line["order_id"]: line for line in map(json.loads, published_log.read_text().splitlines())}
     runs = eventually(lambda: _started(billing, set(published)), timeout=180, message="not every task started")
-    grown = max(started)
-    pod_start = started[grown] - scaled_at
+    pod_start = second_pod_at - scaled_at
     step_waits = sorted(runs[order] - line["at"] for order, line in published.items() if line["rate"] == STEP[0])
     p95 = step_waits[int(0.95 * (len(step_waits) - 1))]
     status = billing.cluster.client.get(f"{billing.ces}/billing")["status"]["autoscaling"]

@@ -14,6 +14,8 @@ from celery_event_operator.core.lifecycle import costs
 from celery_event_operator.core.lifecycle.consumers import Consumer, Holding
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from celery_event_operator.core.scaling.depths import QueueDepth
+from celery_event_operator.core.scaling.load import Load
+from celery_event_operator.core.scaling.wait_policy import WaitObservations
 from celery_event_operator.core.service import spec as specs
 from celery_event_operator.core.service.observations import QueuesSeen
 from celery_event_operator.core.service.pods import WorkerPod
@@ -317,3 +319,33 @@ async def test_a_pod_whose_task_shows_only_on_the_broker_is_busy_and_costly() ->
     assert seen.busy == frozenset()
     await lifecycle(cluster, broker, pods, metrics, memory, 81.0 + costs.LOWER_AFTER_SECONDS)
     assert cluster.made("annotate_pod")[-1] == ("annotate_pod", "solo", {DELETION_COST_ANNOTATION: "0"})
+
+
+WAIT_TARGET = {"enabled": True, "minReplicas": 1, "maxReplicas": 20, "targetWaitSeconds": 10}
+
+
+async def wait_scale(memory: steps.ScalerMemory, now: float, arrivals: float) -> Any:
+    observed = WaitObservations(Load(arrivals, 0.5, 0), 0.5, 2, 60, running=1)
+    return await steps.scale_workers(
+        FakeCluster(resource()),
+        "shop",
+        understood(autoscaling=WAIT_TARGET),
+        queues=QUEUES,
+        running=1,
+        memory=memory,
+        now=now,
+        scale_max_age=60.0,
+        observed=observed,
+    )
+
+
+async def test_status_autoscaling_is_shown_anew_at_a_new_decision_else_once_a_minute_if_a_figure_changed() -> None:
+    memory = steps.ScalerMemory()
+    first = (await wait_scale(memory, 0.0, 4.0)).autoscaling
+    assert first is not None
+    assert first.arrivals == "4/s"
+    assert (await wait_scale(memory, 30.0, 4.4)).autoscaling == first, "the same decision: shown as it was"
+    assert (await wait_scale(memory, 61.0, 4.0)).autoscaling == first, "after a minute, only decidedAt would change"
+    assert (await wait_scale(memory, 62.0, 4.4)).autoscaling.arrivals == "4.4/s", "a minute on, a figure changed"
+    stepped = (await wait_scale(memory, 63.0, 40.0)).autoscaling
+    assert stepped.arrivals == "40/s", "a new decision is shown at once"

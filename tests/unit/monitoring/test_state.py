@@ -486,15 +486,17 @@ def test_a_workers_slots_are_forgotten_with_it_and_its_late_words_ignored() -> N
         pytest.param([("pod-a", None)], None, id="none-reported"),
         pytest.param([("pod-a", 4)], 4, id="one"),
         pytest.param([("pod-a", 4), ("pod-b", 4), ("pod-c", 8)], 4, id="most-common"),
-        pytest.param([("pod-a", 4), ("pod-b", 8)], 8, id="tie-the-higher"),
-        pytest.param([("pod-a", 2), ("pod-b", 2), ("pod-c", 8), ("pod-d", 8), ("pod-e", 1)], 8, id="tie-of-many"),
+        pytest.param([("pod-a", 4), ("pod-b", 8)], 4, id="tie-the-lower"),
+        pytest.param([("pod-a", 2), ("pod-b", 2), ("pod-c", 8), ("pod-d", 8), ("pod-e", 1)], 2, id="tie-of-many"),
         pytest.param([("pod-a", 4), ("pod-b", None), ("pod-c", -1)], 4, id="silent-and-refused-ignored"),
+        pytest.param([("pod-a", 2), ("laptop", 64), ("forged", 64)], 2, id="hostnames-of-no-pod-ignored"),
     ],
 )
 def test_slots_per_pod_is_the_most_common_report_of_the_workers(
     reports: list[tuple[str, int | None]], expected: int | None
 ) -> None:
     metrics = state.ServiceMetrics("shop", "billing")
+    metrics.live_pods = lambda: [f"pod-{letter}" for letter in "abcde"]
     for worker, slots in reports:
         fields = {} if slots is None else {"concurrency": slots}
         metrics.ingest(event("worker-online", worker, **fields), 1.0)
@@ -503,6 +505,7 @@ def test_slots_per_pod_is_the_most_common_report_of_the_workers(
 
 def test_slots_per_pod_leaves_out_workers_gone_offline_or_forgotten() -> None:
     metrics = state.ServiceMetrics("shop", "billing")
+    metrics.live_pods = lambda: ["old-a", "old-b", "new-a"]
     for worker, slots in (("old-a", 2), ("old-b", 2), ("new-a", 6)):
         metrics.ingest(event("worker-heartbeat", worker, concurrency=slots), 1.0)
     assert metrics.slots_per_pod() == 2
@@ -511,3 +514,26 @@ def test_slots_per_pod_leaves_out_workers_gone_offline_or_forgotten() -> None:
     assert metrics.slots_per_pod() == 6
     metrics.ingest(event("worker-offline", "new-a"), 4.0)
     assert metrics.slots_per_pod() is None
+
+
+def task_event(kind: str, uuid: str, stamp: float, worker: str = "pod-a", **fields: Any) -> dict[str, Any]:
+    return event(f"task-{kind}", worker, uuid=uuid, name="orders.created", timestamp=stamp, **fields)
+
+
+def test_the_load_counts_the_handler_tasks_stamped_since_it_began_and_outlives_a_pods_series() -> None:
+    metrics = state.ServiceMetrics("shop", "billing", queue_wait_buckets=(1.0, 5.0), settings=PER_POD)
+    metrics.handler_queues = {"orders.created": "billing.orders.created"}
+    metrics.live_pods = lambda: ["pod-a", "pod-b"]
+    metrics.ingest(task_event("sent", "t0", 10.0), 0.0)  # nothing is counted before a wait target asks
+    metrics.load.since = 100.0
+    metrics.ingest(task_event("sent", "old", 99.0), 0.0)  # read again after a reconnect: sent before it
+    for index, worker in enumerate(["pod-a", "pod-b"]):
+        uuid = f"t{index + 1}"
+        metrics.ingest(task_event("sent", uuid, 100.0), 0.0)
+        metrics.ingest(task_event("received", uuid, 100.5, worker), 0.0)
+        metrics.ingest(task_event("started", uuid, 102.0, worker), 0.0)
+        metrics.ingest(task_event("succeeded", uuid, 104.0, worker, runtime=2.0), 0.0)
+    metrics.ingest(event("task-started", "pod-a", uuid="other", name="cleanup", queue="celery", timestamp=101.0), 0.0)
+    metrics.forget_worker("pod-a", 1.0)  # its per-pod series go; what it ran still counted
+    load = metrics.load
+    assert (load.sent, load.started, load.runtimes, load.runtime_seconds, load.waits) == (2, 2, 2, 4.0, [0, 2, 0])

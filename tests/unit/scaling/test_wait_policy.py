@@ -29,12 +29,12 @@ def autoscaling(**changes: Any) -> Autoscaling:
 def observed(
     arrivals: float, runtime: float | None, backlog: int = 0, slots: int = 2, queue: int | None = None
 ) -> WaitObservations:
-    return WaitObservations(Load(arrivals, runtime, backlog, 60.0), runtime, slots, backlog if queue is None else queue)
+    return WaitObservations(Load(arrivals, runtime, backlog), runtime, slots, backlog if queue is None else queue)
 
 
 def test_one_pod_of_two_slots_at_half_load_waits_as_erlang_c_says() -> None:
     # a = 1, c = 2: Erlang B 0.2, Erlang C 1/3; P(wait > t) = e^(-t) / 3, so the p95 is ln(20/3) = 1.897 s.
-    found = dict(wait_policy.waits(Load(1.0, 1.0, 0, 60.0), 1.0, 2, range(4)))
+    found = dict(wait_policy.waits(Load(1.0, 1.0, 0), 1.0, 2, range(4)))
     assert found[0] == math.inf
     assert found[1] == pytest.approx(math.log(20 / 3))
     assert found[2] == 0.0  # with 4 slots fewer than 5 % of the tasks wait at all
@@ -42,7 +42,7 @@ def test_one_pod_of_two_slots_at_half_load_waits_as_erlang_c_says() -> None:
 
 
 def test_the_backlog_ahead_drains_through_every_slot() -> None:
-    found = dict(wait_policy.waits(Load(0.0, 1.0, 100, 60.0), 1.0, 2, range(1, 6)))
+    found = dict(wait_policy.waits(Load(0.0, 1.0, 100), 1.0, 2, range(1, 6)))
     assert found == {1: 50.0, 2: 25.0, 3: pytest.approx(100 / 6), 4: 12.5, 5: 10.0}
 
 
@@ -81,6 +81,34 @@ def test_the_backlog_ahead_drains_through_every_slot() -> None:
         pytest.param(
             WaitObservations(None, None, 2, 3), 4, {}, 4, 4, "not known yet", id="nothing-measured-changes-nothing"
         ),
+        pytest.param(
+            WaitObservations(None, 1.0, 2, 100, events_consumed=False),
+            2,
+            {},
+            5,
+            5,
+            "sized for the 100 waiting",
+            id="events-not-consumed-the-backlog-alone-up",
+        ),
+        pytest.param(
+            WaitObservations(None, 1.0, 2, 0, events_consumed=False),
+            6,
+            {},
+            6,
+            6,
+            "never down",
+            id="events-not-consumed-never-down",
+        ),
+        pytest.param(
+            WaitObservations(Load(0.0, 60.0, 0), 60.0, 2, 0, running=1),
+            1,
+            {"minReplicas": 0},
+            1,
+            1,
+            "with 1 pod",
+            id="a-long-task-running-keeps-its-pod",
+        ),
+        pytest.param(observed(4, 0.0), 2, {}, 2, 1, "4 tasks/s of 0.001s", id="runtime-of-zero-taken-as-a-millisecond"),
     ],
 )
 def test_decide(
@@ -129,7 +157,7 @@ def test_arrivals_jittering_about_a_boundary_go_up_once_and_stay() -> None:
 @settings(deadline=None)  # a case may walk Erlang B's recursion to MAX_SERVERS
 @given(
     arrivals=st.floats(0, 1_000),
-    runtime=st.floats(0.001, 3_600),
+    runtime=st.floats(0, 3_600),
     backlog=st.integers(0, 10**9),
     slots=st.integers(1, 10_000),
     current=st.integers(0, 10_000),

@@ -162,13 +162,18 @@ def fields_of_oversized(head: bytes, tail: bytes) -> dict[str, str]:
     return fields
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class LoadTotals:
-    sent: int  # task-sent events
-    started: int  # task-started events
-    runtime_seconds: float  # the runtimes of the tasks that succeeded, summed
-    runtimes: int  # how many succeeded
-    waits: tuple[int, ...]  # the measured waits per celery_task_queue_wait_time bucket (not cumulative)
+    """What the workers' tasks' events said since `since` (wall clock; inf: nothing is counted): the arrivals, starts,
+    runtimes and waits a wait target is judged by. Kept apart from the series, which go with their pods and bounds;
+    only events stamped since `since` count (those read again after a reconnect were sent before it)."""
+
+    waits: list[int]  # the measured waits per celery_task_queue_wait_time bucket (not cumulative)
+    since: float = math.inf
+    sent: int = 0  # task-sent events
+    started: int = 0  # task-started events
+    runtime_seconds: float = 0.0  # the runtimes of the tasks that succeeded, summed
+    runtimes: int = 0  # how many succeeded
 
 
 class Histogram:
@@ -252,6 +257,7 @@ class ServiceMetrics:
         self.counters: dict[CounterKey, int] = {}
         self.runtime = Histogram(runtime_buckets)
         self.queue_wait = Histogram(queue_wait_buckets)
+        self.load = LoadTotals([0] * (len(queue_wait_buckets) + 1))
         self.worker_up: dict[str, int] = {}
         self.worker_active: dict[str, int] = {}
         self.last_heard: dict[str, float] = {}  # every worker admitted (bounds.py), when it was last heard from
@@ -439,7 +445,7 @@ class ServiceMetrics:
             task = name or UNKNOWN_TASK
             queue, waiting_since, known = self._queue_of(task, kind, event), None, None
         if kind in _WAIT_KINDS:
-            waiting_since, waited = _waiting(kind, self._timestamp(event), event, waiting_since)
+            waiting_since, waited = self._wait_of(kind, event, queue, waiting_since)
         else:
             waited = None
         exception = self._exception(event) if kind in WITH_EXCEPTION else ""
@@ -450,7 +456,7 @@ class ServiceMetrics:
         else:
             key = self._new_counter(key)
         if waited is not None:
-            self._observe(self.queue_wait, key, waited)
+            self._observe_wait(key, waited)
         elif kind == "succeeded":
             self._succeeded(key, uuid, event.get("runtime"), now)
         if uuid:
@@ -515,28 +521,26 @@ class ServiceMetrics:
             )
         self.running.forget(worker)
 
-    def load_totals(self) -> LoadTotals:
-        """What the handler tasks' events said so far (every task's when the service names no handler): the
-        arrivals, starts, runtimes and waits a wait target is judged by. Summed off the event path, per status pass."""
-        queues = self._handler_queue_names
-        sent = started = 0
-        for (kind, _task, _worker, queue, _exception), count in self.counters.items():
-            if queues and queue not in queues:
-                continue
+    def _wait_of(
+        self, kind: str, event: dict[str, Any], queue: str, waiting_since: float | None
+    ) -> tuple[float | None, float | None]:
+        """`_waiting` of a task-sent, -received or -started event; the sent and started counted as load."""
+        stamp = self._timestamp(event)
+        if stamp is not None and stamp >= self.load.since and kind != "received" and self._loads(queue):
             if kind == "sent":
-                sent += count
-            elif kind == "started":
-                started += count
-        runtime_seconds, runtimes = 0.0, 0
-        for series, counts in self.runtime.counts.items():
-            if not queues or series[2] in queues:
-                runtimes += sum(counts)
-                runtime_seconds += self.runtime.sums[series]
-        waits = [0] * (len(self.queue_wait.bounds) + 1)
-        for series, counts in self.queue_wait.counts.items():
-            if not queues or series[2] in queues:
-                waits = [a + b for a, b in zip(waits, counts, strict=True)]
-        return LoadTotals(sent, started, runtime_seconds, runtimes, tuple(waits))
+                self.load.sent += 1
+            else:
+                self.load.started += 1
+        return _waiting(kind, stamp, event, waiting_since)
+
+    def _observe_wait(self, key: CounterKey, waited: float) -> None:
+        self._observe(self.queue_wait, key, waited)
+        if self.load.since < math.inf and self._loads(key[3]):
+            self.load.waits[bisect.bisect_left(self.queue_wait.bounds, waited)] += 1
+
+    def _loads(self, queue: str) -> bool:
+        """Whether a task of `queue` is the workers' load: a handler's (any task's when the service names none)."""
+        return not self._handler_queue_names or queue in self._handler_queue_names
 
     def running_tasks(self, worker: str) -> list[RunningTask]:
         """The tasks a worker runs that were seen starting, oldest first, named when their name is remembered."""
@@ -552,6 +556,9 @@ class ServiceMetrics:
         seconds = float(runtime)
         self._observe(self.runtime, key, seconds)
         self.runtimes.observe(seconds, now)
+        if self.load.since < math.inf and self._loads(key[3]):
+            self.load.runtime_seconds += seconds
+            self.load.runtimes += 1
         if uuid:
             self.reruns.succeeded(uuid, key[1], seconds, self.ack_timeout_seconds)
 
@@ -757,13 +764,16 @@ class ServiceMetrics:
                 self._refused(naming.CONCURRENCY_FIELD)
 
     def slots_per_pod(self) -> int | None:
-        """How many tasks one pod runs at once, as the workers up say (a worker gone offline is shutting down): the
-        value most of them reported, the higher of a tie; None when none reported one."""
-        up = self.worker_up
-        reported = collections.Counter(slots for worker, slots in self.worker_slots.items() if up.get(worker) == 1)
+        """How many tasks one pod runs at once, as the service's live pods say (a worker gone offline is shutting
+        down; a hostname of no pod is no pod of the workload): the value most of them reported, the lower of a tie
+        (too few slots assumed costs a pod, too many a missed target); None when none reported one."""
+        up, pods = self.worker_up, self._pods_seen
+        reported = collections.Counter(
+            slots for worker, slots in self.worker_slots.items() if up.get(worker) == 1 and worker in pods
+        )
         if not reported:
             return None
-        return max(reported, key=lambda slots: (reported[slots], slots))
+        return max(reported, key=lambda slots: (reported[slots], -slots))
 
     # --- garbage collection -----------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 Each status pass keeps one LoadSample: the totals of its handler tasks' events so far (task-sent, task-started, the
 runtimes of the tasks that succeeded) and the backlog the broker shows. Rates are differences between samples over a
 window: a short one (a step in load shows within seconds) and a minute (what a lull of a few seconds does not
-undo). Arrivals are the task-sent events when producers send them (they come as tasks are published), else the
-starts plus the backlog's growth (what entered the queue is what started or still waits).
+undo). Arrivals are the starts plus the backlog's growth (what entered the queue started or still waits), or the
+task-sent events when they say more (they come as tasks are published, where the broker's counts lag seconds; only
+the producers that send events to this service's exchange send them).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ class Load:
     arrivals: float  # tasks per second
     runtime: float | None  # mean seconds per task; None: none ended in the last minute
     backlog: int
-    measured_seconds: float  # how long the samples span
 
 
 def kept(samples: tuple[LoadSample, ...], sample: LoadSample) -> tuple[LoadSample, ...]:
@@ -84,11 +84,13 @@ def load(samples: tuple[LoadSample, ...], short_seconds: float = SHORT_SECONDS) 
         return None
     last = samples[-1]
     long_start, short_start = _since(samples, LONG_SECONDS), _since(samples, short_seconds)
-    # Producers that send task-sent do so for every task: any in the last minute says they are the measure.
-    by_sent = last.sent > long_start.sent
-    arrivals = max(_arrivals(long_start, last, by_sent=by_sent), _arrivals(short_start, last, by_sent=by_sent))
+    # task-sent comes as tasks are published (the backlog moves with the broker's statistics, seconds late), but only
+    # from the producers that publish to this service's events: the larger of the two measures.
+    arrivals = max(
+        _arrivals(start, last, by_sent=by_sent) for start in (long_start, short_start) for by_sent in (True, False)
+    )
     runtimes = [r for r in (_runtime(long_start, last), _runtime(short_start, last)) if r is not None]
-    return Load(arrivals, max(runtimes) if runtimes else None, last.backlog, last.at - samples[0].at)
+    return Load(arrivals, max(runtimes) if runtimes else None, last.backlog)
 
 
 def measured_wait(samples: tuple[LoadSample, ...], bounds: tuple[float, ...]) -> tuple[float, int] | None:

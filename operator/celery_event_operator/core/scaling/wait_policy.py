@@ -24,12 +24,18 @@ DOWN_SHARE = 0.7
 MAX_SERVERS = 100_000
 
 
+# A runtime below this is taken as this (a task of 0 s, as rounded, would make a slot's rate infinite).
+MIN_RUNTIME = 0.001
+
+
 @dataclasses.dataclass(frozen=True)
 class WaitObservations:
     load: Load | None  # None: not measured yet
     runtime: float | None  # the mean runtime (the last one known when none ended lately); None: never seen
     slots: int  # tasks one pod runs at once
     queue_length: int  # ready + held, for activation
+    running: int = 0  # tasks running now
+    events_consumed: bool = True  # False: no arrivals are seen, only the backlog
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +47,7 @@ class WaitEstimate:
     runtime: float | None
     slots: int
     backlog: int | None
+    basis: str = "estimated"  # or what it could not be estimated for: status shows a change of it at once
 
 
 def waits(load: Load, runtime: float, slots: int, counts: range) -> Iterator[tuple[int, float]]:
@@ -84,19 +91,27 @@ def decide(
 ) -> tuple[Decision, WaitEstimate]:
     assert policy.target_wait_seconds is not None
     target = float(policy.target_wait_seconds)
-    load, runtime, slots = observed.load, observed.runtime, observed.slots
+    load, slots = observed.load, observed.slots
+    runtime = None if observed.runtime is None else max(MIN_RUNTIME, observed.runtime)
     lowest, highest = policy.min_replicas, policy.max_replicas
     unknown = WaitEstimate(None, None if load is None else load.arrivals, runtime, slots, observed.queue_length)
     if current == 0 and observed.queue_length <= policy.activation_queue_length:
-        wanted, hold, estimate = max(0, lowest), max(0, lowest), unknown
+        wanted, hold, estimate = max(0, lowest), max(0, lowest), dataclasses.replace(unknown, basis="inactive")
         reason = f"queue length {observed.queue_length}: inactive at or below {policy.activation_queue_length}"
-    elif load is not None and observed.queue_length == 0 and load.arrivals == 0:
+    elif not observed.events_consumed:
+        wanted = hold = _for_the_backlog(observed, current, policy, runtime)
+        estimate = WaitEstimate(None, None, runtime, slots, observed.queue_length, basis="no events")
+        reason = (
+            f"the service's events are not consumed (no arrivals seen): sized for the {observed.queue_length} waiting"
+            " alone, never down"
+        )
+    elif load is not None and observed.queue_length == 0 and load.arrivals == 0 and observed.running == 0:
         wanted = hold = lowest
-        estimate = WaitEstimate(0.0, 0.0, runtime, slots, 0)
-        reason = "no tasks arrived in the last minute and none wait"
+        estimate = WaitEstimate(0.0, 0.0, runtime, slots, 0, basis="idle")
+        reason = "no tasks arrived in the last minute, none wait and none run"
     elif load is None or runtime is None:
         wanted = hold = min(max(current, 1, lowest), highest)
-        estimate = unknown
+        estimate = dataclasses.replace(unknown, basis="no runtime")
         reason = "waiting for the first tasks to end: their runtime is not known yet"
     else:
         start = max(1, lowest)
@@ -127,6 +142,19 @@ def decide(
     if replicas != wanted and estimate.wait is not None and load is not None and runtime is not None:
         estimate = dataclasses.replace(estimate, wait=_wait_with(load, runtime, slots, replicas))
     return Decision(replicas, wanted, history, reason), estimate
+
+
+def _for_the_backlog(observed: WaitObservations, current: int, policy: Autoscaling, runtime: float | None) -> int:
+    """Without arrivals (no events): the pods that start what waits within the target, never fewer than now."""
+    wanted = max(current, policy.min_replicas)
+    if runtime is not None and observed.queue_length:
+        backlog = Load(0.0, runtime, observed.queue_length)
+        assert policy.target_wait_seconds is not None
+        drained, _ = _fewest(
+            backlog, runtime, observed.slots, lowest=1, highest=policy.max_replicas, within=policy.target_wait_seconds
+        )
+        wanted = max(wanted, drained)
+    return min(wanted, policy.max_replicas)
 
 
 def _wait_with(load: Load, runtime: float, slots: int, pods: int) -> float:
