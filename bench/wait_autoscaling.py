@@ -193,8 +193,10 @@ class Watch:
 class Run:
     """One policy on a namespace and a vhost of its own."""
 
-    def __init__(self, cluster: Cluster, policy: str, args: argparse.Namespace, workdir: pathlib.Path) -> None:
-        self.cluster, self.policy, self.args = cluster, policy, args
+    def __init__(
+        self, cluster: Cluster, operator: ChartOperator, policy: str, args: argparse.Namespace, workdir: pathlib.Path
+    ) -> None:
+        self.cluster, self.operator, self.policy, self.args = cluster, operator, policy, args
         self.client: KubeClient = cluster.client
         self.workdir = workdir / policy
         self.records = self.workdir / "records"
@@ -346,6 +348,20 @@ class Run:
                         found[record["id"]] = record
         return found
 
+    def events_seen(self) -> dict[str, float]:
+        """The task events the operator counted for this service (`celery_task_{sent,started}_total`): the wait
+        policy sees the arrivals only through task-sent."""
+        counted = {"sent": 0.0, "started": 0.0}
+        try:
+            scraped = self.operator.process.scrape()
+        except OSError:
+            return {}
+        for line in scraped.splitlines():
+            for kind in counted:
+                if line.startswith(f"celery_task_{kind}_total{{") and f'namespace="{self.namespace}"' in line:
+                    counted[kind] += float(line.rsplit(" ", 1)[1])
+        return counted
+
     def scaled_events(self) -> list[str]:
         """The operator's Scaled Events (each names its reason)."""
         events = self.client.get(f"/api/v1/namespaces/{self.namespace}/events")["items"]
@@ -464,6 +480,7 @@ def figures(
         "producer_lag_seconds": times["producer_lag"],
         "publish_failed": times["publish_failed"],
         "poll_errors": run.watch.errors,
+        "operator_counted": run.events_seen(),
         "scaled_events": run.scaled_events(),
         "replicas_timeline": [(at - started, replicas) for at, replicas in run.watch.replicas],
         "pods": [dataclasses.asdict(life) for life in run.watch.pods.values()],
@@ -519,6 +536,10 @@ def print_table(results: Sequence[dict[str, Any]]) -> None:
     row("reversals (per 10 min)", lambda r: f"{r['reversals']} ({r['reversals_per_10_min']:.1f})")
     row("unforced (per 10 min)", lambda r: f"{r['unforced_reversals']} ({r['unforced_per_10_min']:.1f})")
     row("tasks published/not started", lambda r: f"{r['published']}/{r['not_started']}")
+    row(
+        "task-sent, -started counted",
+        lambda r: "{}, {} by the operator".format(*(r["operator_counted"].get(k, "-") for k in ("sent", "started"))),
+    )
     row("producer lag, publish errors", lambda r: f"{r['producer_lag_seconds']:.2f} s, {r['publish_failed']}")
 
 
@@ -628,7 +649,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:
                 for policy in args.policies:
                     with bench.broker_vhost() as (_, _, vhost_url):
-                        run = Run(cluster, policy, args, workdir)
+                        run = Run(cluster, operator, policy, args, workdir)
                         try:
                             run.start(vhost_url)
                         except PolicyRefusedError as exc:
