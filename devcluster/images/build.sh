@@ -9,7 +9,7 @@
 #   rabbitmq  (`build.sh rabbitmq VERSION` only) the broker from devcluster/rabbitmq's root filesystem of VERSION
 # Each image is kept in podman's storage and as an archive (`podman save`) that a node imports into containerd.
 # Prints one line per image, `NAME REFERENCE ARCHIVE`, last; a second run costs hashes.
-# Needs root (mmdebstrap, buildah's chroot isolation); installs mmdebstrap, podman and buildah with apt when missing.
+# Needs root (mmdebstrap, buildah's chroot isolation); installs mmdebstrap, podman, buildah and runc with apt when missing.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -21,7 +21,8 @@ packages=python3,python3-venv,ca-certificates,passwd,tzdata
 say() { printf '==> %s\n' "$*" >&2; }
 [ "$(id -u)" = 0 ] || { echo "error: building the images needs root" >&2; exit 1; }
 missing=()
-for tool in mmdebstrap podman buildah; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+# runc: what the image tests run them with (crun, podman's first choice, refuses hybrid cgroup v1 + v2 machines).
+for tool in mmdebstrap podman buildah runc; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -54,6 +54,13 @@ def injected_env(
         service["spec"]["deliveryLimit"] = DELIVERY_LIMIT
     service["spec"]["events"]["handlers"] = [{"name": "orders.order.created"}]
     kube_api.client.create(CES, service)
+    yield admitted_worker_env(kube_api, operator, tmp_path)
+    operator.stop()
+
+
+def admitted_worker_env(kube_api: EmulatedApi, operator: OperatorProcess, tmp_path: pathlib.Path) -> dict[str, str]:
+    """Once the service `billing` is Ready: the env of one of its worker pods after the webhook, as the kubelet would
+    give it, and the log its handlers write."""
     eventually(
         lambda: condition(kube_api, "Ready").get("status") == "True",
         timeout=20,
@@ -63,8 +70,7 @@ def injected_env(
     response = operator.admit(admission_review(pod))["response"]
     pod = jsonpatch.apply(pod, json.loads(base64.b64decode(response["patch"])))
     env = as_kubelet_would(pod, kube_api.client, tmp_path / "mounted-settings")
-    yield {**env, "HANDLER_LOG": str(tmp_path / "handled.jsonl")}
-    operator.stop()
+    return {**env, "HANDLER_LOG": str(tmp_path / "handled.jsonl")}
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ exchange into the operator's metrics state, as its events consumer reads them.""
 
 from __future__ import annotations
 
-import base64
 import json
 import pathlib
 from collections.abc import Iterator
@@ -13,13 +12,13 @@ from typing import Any
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from celery_event_devcluster import jsonpatch
 from celery_event_operator.core import naming
 from celery_event_operator.core.monitoring.state import ServiceMetrics
 from tests.conftest import billing_sample, create_broker_secret
-from tests.support.kube import EmulatedApi, condition, eventually
-from tests.support.operator_process import OperatorProcess, admission_review, worker_pod
-from tests.support.workers import Worker, as_kubelet_would
+from tests.integration.injection.test_workers import admitted_worker_env
+from tests.support.kube import EmulatedApi, eventually
+from tests.support.operator_process import OperatorProcess
+from tests.support.workers import Worker
 
 APPS = pathlib.Path(__file__).resolve().parents[1] / "injection" / "apps"
 CES = "/apis/celeryevents.io/v1alpha1/namespaces/default/celeryeventservices"
@@ -44,16 +43,7 @@ def injected_env(
     service["spec"]["events"]["handlers"] = [{"name": "orders.order.created"}]
     service["spec"]["monitoring"] = {"enabled": True}  # the events exchange is declared with the topology
     kube_api.client.create(CES, service)
-    eventually(
-        lambda: condition(kube_api, "Ready").get("status") == "True",
-        timeout=20,
-        message="the service never became Ready",
-    )
-    pod = worker_pod({"celeryevents.io/service": "billing"})
-    response = operator.admit(admission_review(pod))["response"]
-    pod = jsonpatch.apply(pod, json.loads(base64.b64decode(response["patch"])))
-    env = as_kubelet_would(pod, kube_api.client, tmp_path / "mounted-settings")
-    return {**env, "HANDLER_LOG": str(tmp_path / "handled.jsonl")}
+    return admitted_worker_env(kube_api, operator, tmp_path)
 
 
 @pytest.fixture

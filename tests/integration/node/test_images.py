@@ -25,7 +25,11 @@ def images() -> dict[str, Image]:
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=120, check=check)
+    # runc, as the node's containerd runs them: crun 1.8 (which apt installs for podman when no runtime is there yet)
+    # refuses a machine whose cgroups are v1 beside a v2 hierarchy ("cgroups in hybrid mode not supported").
+    return subprocess.run(
+        ["podman", "--runtime", "runc", *args], capture_output=True, text=True, timeout=120, check=check
+    )
 
 
 @pytest.fixture

@@ -4,8 +4,9 @@ A task published now waits for the backlog ahead of it to start (backlog * runti
 takes the next one), then, as any task of a steady stream, for a slot: M/M/c's queueing delay, whose 95th percentile
 follows from Erlang C — P(wait > t) = C(c, a) * exp(-(c / runtime - arrivals) * t), a = arrivals * runtime. The fewest
 pods whose estimate is within the target is recommended; the workers go up to it at once, and down only to a count
-whose estimate is within DOWN_SHARE of the target (a count that barely meets it now misses it at the next jitter
-of the arrivals: it would go up again) and only as far as the stabilization window allows.
+that would meet it with DOWN_HEADROOM times the arrivals (a count that barely meets it now misses it at the next
+jitter of the arrivals — near a full pool the wait grows steeply —, and it would go up again) and only as far as the
+stabilization window allows.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from celery_event_operator.core.scaling.load import Load
 from celery_event_operator.core.scaling.policy import Decision, Recommendation
 
 PERCENTILE = 0.95
-DOWN_SHARE = 0.7
+# Poisson arrivals counted over 15 s at 4/s vary by ±13 % (one sigma): a count kept must hold two sigmas more.
+DOWN_HEADROOM = 1.25
 # Erlang B's recursion is O(servers): the pods * slots it walks are capped (more than this is past any target).
 MAX_SERVERS = 100_000
 
@@ -116,7 +118,8 @@ def decide(
     else:
         start = max(1, lowest)
         wanted, wait = _fewest(load, runtime, slots, lowest=start, highest=highest, within=target)
-        hold, _ = _fewest(load, runtime, slots, lowest=wanted, highest=highest, within=target * DOWN_SHARE)
+        more = dataclasses.replace(load, arrivals=load.arrivals * DOWN_HEADROOM)
+        hold, _ = _fewest(more, runtime, slots, lowest=wanted, highest=highest, within=target)
         estimate = WaitEstimate(wait, load.arrivals, runtime, slots, load.backlog)
         seen = f"{_figure(load.arrivals)} tasks/s of {_figure(runtime)}s, {load.backlog} waiting, {slots} slots a pod"
         if math.isinf(wait):
