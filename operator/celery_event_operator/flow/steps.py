@@ -62,7 +62,7 @@ class ScalerMemory:
     scale: int | None = None  # the workload's desired replicas (its /scale), as last read
     scale_read_at: float = -float("inf")
     # The wait target's: its load samples, the last runtime measured, and what status.autoscaling shows (with the
-    # replicas it was decided for, and when).
+    # recommendation and basis it was decided on, and when).
     samples: tuple[LoadSample, ...] = ()
     runtime: float | None = None
     shown: tuple[AutoscalingStatus, tuple[int, str], float] | None = None

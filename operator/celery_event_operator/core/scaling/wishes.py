@@ -36,7 +36,7 @@ def wish(
     autoscaling = spec.autoscaling
     if autoscaling.enabled and autoscaling.target_wait_seconds is not None:
         if observed is None:
-            return None  # nothing to judge the wait by yet (the events are not consumed): nothing changes
+            return None  # nothing to judge the wait by (no metrics of the service yet): nothing changes
         decision, estimate = wait_policy.decide(
             observed, current, autoscaling, history or policy.seed(current, now), now
         )

@@ -19,11 +19,7 @@ from pydantic import ValidationError
 
 from celery_event_operator.core.api import conditions
 from celery_event_operator.core.api.metadata import DECLARED_ANNOTATION
-from celery_event_operator.core.api.models import (
-    CeleryEventServiceStatus,
-    Condition,
-    ConditionStatus,
-)
+from celery_event_operator.core.api.models import CeleryEventServiceStatus, Condition, ConditionStatus
 from celery_event_operator.core.broker.alarms import Alarm, describe
 from celery_event_operator.core.errors import BrokerRefusedError, KubeUnavailableError, UnsupportedOperationError
 from celery_event_operator.core.injection.outcome import WorkersOutcome
