@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -77,17 +78,30 @@ def replay_status(api: EmulatedApi, name: str, namespace: str = "default") -> di
 
 
 def succeeded(api: EmulatedApi, name: str, namespace: str = "default") -> dict[str, Any]:
-    return next((c for c in replay_status(api, name, namespace).get("conditions", []) if c["type"] == "Succeeded"), {})
+    return succeeded_in(replay_status(api, name, namespace))
 
 
 def ended(api: EmulatedApi, name: str, timeout: float = 60, namespace: str = "default") -> dict[str, Any]:
-    eventually(
-        lambda: succeeded(api, name, namespace).get("status") in ("True", "False"),
-        timeout=timeout,
-        interval=0.5,
-        message=f"replay {name} never ended",
-    )
-    return replay_status(api, name, namespace)
+    """The status once the replay ended. It fails when the status stood still for `timeout` seconds, or after ten
+    times that in all: a replay that moves slowly on a loaded machine (its counters change every few seconds) is not
+    stuck, one whose status stands still is."""
+    deadline = time.monotonic() + 10 * timeout
+    last, still_since = None, time.monotonic()
+    while True:
+        status = replay_status(api, name, namespace)
+        if succeeded_in(status).get("status") in ("True", "False"):
+            return status
+        now = time.monotonic()
+        if status != last:
+            last, still_since = status, now
+        if now - still_since > timeout or now > deadline:
+            stood = f"stood still for {now - still_since:.0f}s" if now - still_since > timeout else "kept changing"
+            raise AssertionError(f"replay {name} never ended: its status {stood}; last: {status}")
+        time.sleep(0.5)
+
+
+def succeeded_in(status: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == "Succeeded"), {})
 
 
 def events_of(api: EmulatedApi, name: str, namespace: str = "default") -> list[dict[str, Any]]:

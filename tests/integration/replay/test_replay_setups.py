@@ -161,12 +161,23 @@ class GrabOnWalk:
 
 @pytest.fixture
 def operator_process(
-    kube_api: EmulatedApi, crd_installed: dict[str, Any], test_vhost_url: str, tmp_path: pathlib.Path
+    kube_api: EmulatedApi,
+    crd_installed: dict[str, Any],
+    test_vhost_url: str,
+    tmp_path: pathlib.Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[list[OperatorProcess]]:
     create_broker_secret(kube_api, test_vhost_url)
     started = [OperatorProcess(kube_api.kubeconfig, tmp_path / "operator-0.log").start()]
     yield started
     started[-1].stop()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:  # what each operator did, without the libraries' debug lines
+        for process in started:
+            said = [
+                line for line in process.log().splitlines() if "[DEBUG" not in line and "aiohttp.access" not in line
+            ]
+            print(f"--- {process.log_path.name} ---\n" + "\n".join(said[-300:]))
 
 
 def audit(
