@@ -32,6 +32,7 @@ FIELDS = {
     "runtime": NUMBERS,
     "active": NUMBERS,
     "concurrency": st.one_of(st.integers(min_value=1, max_value=MAX_WORKER_SLOTS), NUMBERS, TEXT),  # our runtime's
+    "published_at": st.one_of(NUMBERS, TEXT),  # our runtime's
     "eta": SCALARS,
     "retries": SCALARS,
 }

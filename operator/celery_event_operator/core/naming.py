@@ -13,6 +13,11 @@ SOFT_SHUTDOWN_ENV = "CELERY_EVENTS_SOFT_SHUTDOWN_SECONDS"
 # The field the runtime adds to its worker-online and worker-heartbeat events (Celery's carry no pool size): the most
 # tasks the worker runs at once, which the operator's autoscaling needs.
 CONCURRENCY_FIELD = "concurrency"
+# When an event was published (unix time), stamped by the runtime's producers, and the field its worker's task-started
+# event carries it in on the task's first delivery: the operator measures the wait from it, where producers of other
+# services send no task-sent to this service's events exchange.
+PUBLISHED_AT_HEADER = "x-celery-events-published-at"
+PUBLISHED_AT_FIELD = "published_at"
 
 
 def handler_queue_name(service: str, event: str) -> str:

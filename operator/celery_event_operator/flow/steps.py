@@ -205,7 +205,8 @@ async def scale_workers(
     seen = dataclasses.replace(seen, desired=wish.recommended)
     if wish.estimate is not None:
         _show(memory, understood, wish, measured_wait, now)
-        seen = dataclasses.replace(seen, autoscaling=memory.shown[0] if memory.shown is not None else None)
+        shown = memory.shown[0] if memory.shown is not None else None
+        seen = dataclasses.replace(seen, autoscaling=shown, estimated_wait=wish.estimate.wait)
     if wish.replicas == current:
         return seen
     try:

@@ -246,6 +246,7 @@ class Workers:
         metrics.replicas = scaling.replicas
         # the autoscaler's or spec's wish, else what the workload itself asks for
         metrics.desired_replicas = scaling.desired if scaling.desired is not None else scaling.workload
+        metrics.estimated_wait = scaling.estimated_wait
         now = time.monotonic()
         if now - self._swept_at >= SWEEP_SECONDS:
             self._swept_at = now

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -14,6 +15,7 @@ from typing import Any, NoReturn
 from celery import Celery, Task
 from celery.exceptions import Ignore, NotRegistered, Reject, Retry
 from celery.worker.consumer import Consumer
+from celery.worker.request import Request
 from kombu.entity import Exchange, Queue
 
 from celery_event_operator.adapters.broker import amqp_tables
@@ -114,6 +116,30 @@ def rejected_passes(request: Any, queue: str) -> int:
     )
 
 
+def published_at(headers: Mapping[str, Any], delivery_info: Mapping[str, Any]) -> float | None:
+    """When the task was published, by its producer's stamp, if this delivery began its first wait: not a retry (it
+    waited in a retry level on purpose), not a message dead-lettered or delivered again (its wait includes a run that
+    did not end)."""
+    stamp = headers.get(naming.PUBLISHED_AT_HEADER)
+    if not isinstance(stamp, (int, float)) or isinstance(stamp, bool) or not math.isfinite(stamp):
+        return None
+    if headers.get("retries") or headers.get("x-death") or delivery_info.get("redelivered"):
+        return None
+    return float(stamp)
+
+
+class WaitMeasuredRequest(Request):  # type: ignore[misc]  # Celery is untyped
+    """Celery's request of a handler task, whose task-started event carries when the task was published (as its
+    producer stamped it), for the wait the operator measures."""
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        if type == "task-started":
+            published = published_at(self._request_dict, self.delivery_info)
+            if published is not None:
+                fields[naming.PUBLISHED_AT_FIELD] = published
+        super().send_event(type, **fields)
+
+
 class EventHandler(Task):  # type: ignore[misc]  # Celery is untyped
     """A handler task whose failures are retried through the broker's retry levels.
 
@@ -122,6 +148,7 @@ class EventHandler(Task):  # type: ignore[misc]  # Celery is untyped
     stay off), which dead-letters it (classic) or requeues it (quorum), and nothing is lost.
     """
 
+    Request = f"{WaitMeasuredRequest.__module__}:{WaitMeasuredRequest.__qualname__}"
     acks_late = True
     acks_on_failure_or_timeout = False
     default_retry_delay = 0  # retries wait on the broker, never in the worker (no ETA)
@@ -208,7 +235,8 @@ class Event:
 
     def __call__(self, *args: Any, **kwargs: Any) -> str:
         self.function(*args, **kwargs)
-        # declare=[]: Celery would otherwise declare its default queue; the topology is the operator's.
+        # declare=[]: Celery would otherwise declare its default queue; the topology is the operator's. The publish
+        # time lets the handlers' workers say how long the task waited (their task-started events).
         result = self.app.send_task(
             self.name,
             args=args,
@@ -216,6 +244,7 @@ class Event:
             routing_key=self.name,
             declare=[],
             exchange=self.app.events_settings.events_exchange,
+            headers={naming.PUBLISHED_AT_HEADER: time.time()},
         )
         task_id: str = result.id
         return task_id

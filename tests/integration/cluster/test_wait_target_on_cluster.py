@@ -13,6 +13,8 @@ import pathlib
 import time
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.integration.cluster.test_workers_on_cluster import Service
 from tests.support.cluster import ChartOperator, Cluster
 from tests.support.kube import eventually
@@ -91,6 +93,21 @@ def test_a_step_in_load_scales_up_before_the_wait_target_is_missed_by_more_than_
         f"p95 {p95:.1f}s, max {step_waits[-1]:.1f}s; the pods took {pod_start:.1f}s to start; status {status}"
     )
     assert status["slotsPerPod"] == 2
+
+    # The estimate beside the measured waits, for a graph of how far it is off (the service's labels on both).
+    def scraped() -> dict[tuple[str, str | None, str | None], float]:
+        return {
+            (sample.name, sample.labels.get("service_name"), sample.labels.get("le")): sample.value
+            for family in text_string_to_metric_families(chart_operator.processes[0].scrape())
+            for sample in family.samples
+        }
+
+    found = eventually(
+        lambda: (s := scraped())[("celery_task_queue_wait_time_bucket", "billing", "+Inf")] >= len(published) and s,
+        timeout=30,
+        message="not every task's wait measured",
+    )
+    assert ("celery_event_operator_estimated_wait_seconds", "billing", None) in found, "no estimate exported"
 
 
 def _started(billing: Service, orders: set[int]) -> dict[int, float]:

@@ -4,6 +4,7 @@ exchange into the operator's metrics state, as its events consumer reads them.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 from collections.abc import Iterator
@@ -46,15 +47,21 @@ def injected_env(
     return admitted_worker_env(kube_api, operator, tmp_path)
 
 
-@pytest.fixture
-def worker_events(test_vhost_url: str, injected_env: dict[str, str]) -> Iterator[Queue]:
-    """A queue of the service's worker events of the test's own (the operator's queue is its own consumer's)."""
-    with Connection(test_vhost_url) as connection:
+@contextlib.contextmanager
+def service_events(url: str, name: str, routing_key: str) -> Iterator[Queue]:
+    """A queue of billing's Celery events of the test's own (the operator's queue is its own consumer's)."""
+    with Connection(url) as connection:
         exchange = Exchange(naming.event_exchange_name("billing"), type="topic", passive=True)
-        queue = Queue("slots-test", exchange, routing_key="worker.#", auto_delete=True)(connection.default_channel)
+        queue = Queue(name, exchange, routing_key=routing_key, auto_delete=True)(connection.default_channel)
         queue.declare()
         yield queue
         queue.delete()
+
+
+@pytest.fixture
+def worker_events(test_vhost_url: str, injected_env: dict[str, str]) -> Iterator[Queue]:
+    with service_events(test_vhost_url, "slots-test", "worker.#") as queue:
+        yield queue
 
 
 def test_workers_report_their_slots_on_every_pool(

@@ -53,7 +53,7 @@ def test_raw_json_event_and_unparseable_message_are_shown_not_dropped() -> None:
     assert "?" in messages.table([raw, garbage], NOW)
 
 
-def test_replayed_copy_has_its_attempts_and_history_reset() -> None:
+def test_replayed_copy_has_its_attempts_history_and_publish_time_reset() -> None:
     headers = {
         "task": "e",
         "id": "t",
@@ -62,6 +62,7 @@ def test_replayed_copy_has_its_attempts_and_history_reset() -> None:
         naming.EXCEPTION_HEADER: "x",
         naming.EXCEPTION_TYPE_HEADER: "X",
         naming.ARCHIVED_AT_HEADER: 1.0,
+        naming.PUBLISHED_AT_HEADER: 0.5,  # the copy's wait counts from its receipt, not the original's publish
         "custom": "kept",
     }
     assert messages.replay_headers(headers) == {"task": "e", "id": "t", "retries": 0, "custom": "kept"}

@@ -170,6 +170,57 @@ def test_queue_wait_counts_from_sending_else_receipt_and_never_a_deliberate_dela
     assert value(found, "celery_task_queue_wait_time_sum", queue_name="celery", **labels) == pytest.approx(0.2)
 
 
+@pytest.mark.parametrize(
+    ("events", "waited", "refused"),
+    [
+        pytest.param(  # another service's producer: no task-sent here; the wait counts from the publish, not receipt
+            [("received", {"name": "n", "timestamp": 105.0}), ("started", {"timestamp": 105.5, "published_at": 100.0})],
+            5.5,
+            0,
+            id="published-not-received",
+        ),
+        pytest.param(  # the publish time is the wait's start even where the task-sent was seen (a moment later)
+            [
+                ("sent", {"name": "n", "queue": "q", "timestamp": 100.2}),
+                ("started", {"timestamp": 103.0, "published_at": 100.0}),
+            ],
+            3.0,
+            0,
+            id="published-before-sent",
+        ),
+        pytest.param(  # the worker's clock behind the producer's: 0, as for task-sent
+            [("received", {"name": "n", "timestamp": 99.0}), ("started", {"timestamp": 99.5, "published_at": 100.0})],
+            0.0,
+            0,
+            id="skewed",
+        ),
+        *(
+            pytest.param(  # no time: refused and counted; the wait counts from the receipt
+                [
+                    ("received", {"name": "n", "timestamp": 105.0}),
+                    ("started", {"timestamp": 105.5, "published_at": bad}),
+                ],
+                0.5,
+                1,
+                id=f"refused-{bad!r}",
+            )
+            for bad in ("100.0", -1.0, 2.0**40, True, [100.0])
+        ),
+    ],
+)
+def test_queue_wait_counts_from_the_publish_time_a_task_started_carries(
+    events: list[tuple[str, dict[str, Any]]], waited: float, refused: int
+) -> None:
+    registry = MetricsRegistry()
+    metrics = registry.service("shop", "billing")
+    for kind, fields in events:
+        metrics.ingest(event(f"task-{kind}", uuid="u", **fields), 1.0)
+    [(series, total)] = metrics.queue_wait.sums.items()
+    assert sum(metrics.queue_wait.counts[series]) == 1
+    assert total == pytest.approx(waited)
+    assert metrics.refused_values.get("published_at", 0) == refused
+
+
 def test_histogram_buckets_are_the_configured_ones() -> None:
     registry = MetricsRegistry(runtime_buckets=(1.0, 60.0), queue_wait_buckets=(10.0,))
     metrics = registry.service("shop", "billing")

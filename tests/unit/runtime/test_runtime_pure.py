@@ -61,6 +61,30 @@ def test_rejected_passes(deaths: list[dict[str, Any]], expected: int) -> None:
     assert runtime.rejected_passes(in_headers, "s.e") == expected
 
 
+PUBLISHED = "x-celery-events-published-at"
+
+
+@pytest.mark.parametrize(
+    ("headers", "delivery_info", "expected"),
+    [
+        pytest.param({PUBLISHED: 100.5, "retries": 0}, {}, 100.5, id="first-delivery"),
+        pytest.param({PUBLISHED: 100}, {"redelivered": False}, 100.0, id="an-int"),
+        pytest.param({"retries": 0}, {}, None, id="a-producer-that-stamps-nothing"),
+        pytest.param({PUBLISHED: 100.5, "retries": 1}, {}, None, id="a-retry-waited-on-purpose"),
+        pytest.param({PUBLISHED: 100.5, "x-death": [{}]}, {}, None, id="dead-lettered"),
+        pytest.param({PUBLISHED: 100.5}, {"redelivered": True}, None, id="delivered-again"),
+        pytest.param({PUBLISHED: "100.5"}, {}, None, id="text"),
+        pytest.param({PUBLISHED: True}, {}, None, id="a-bool"),
+        pytest.param({PUBLISHED: float("nan")}, {}, None, id="nan"),
+        pytest.param({PUBLISHED: float("inf")}, {}, None, id="inf"),
+    ],
+)
+def test_published_at_only_for_a_first_wait(
+    headers: dict[str, Any], delivery_info: dict[str, Any], expected: float | None
+) -> None:
+    assert runtime.published_at(headers, delivery_info) == expected
+
+
 def test_settings_file_is_optional(tmp_path: pathlib.Path) -> None:
     assert runtime.load_settings(str(tmp_path / "missing.json")) == {}
     (tmp_path / "s.json").write_text(json.dumps({"celery_events": {"service": "x"}}))

@@ -17,7 +17,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from celery_event_operator.core.naming import ARCHIVED_AT_HEADER, EXCEPTION_HEADER, EXCEPTION_TYPE_HEADER
+from celery_event_operator.core.naming import (
+    ARCHIVED_AT_HEADER,
+    EXCEPTION_HEADER,
+    EXCEPTION_TYPE_HEADER,
+    PUBLISHED_AT_HEADER,
+)
 
 RESET_HEADERS = frozenset(
     {
@@ -31,6 +36,7 @@ RESET_HEADERS = frozenset(
         EXCEPTION_HEADER,
         EXCEPTION_TYPE_HEADER,
         ARCHIVED_AT_HEADER,
+        PUBLISHED_AT_HEADER,  # a replayed copy's wait begins at its replay, not at the original's publish
         "x-delivery-count",
     }
 )
@@ -172,7 +178,8 @@ def _int(value: Any) -> int | None:
 
 
 def replay_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    """The headers of a replayed copy: attempt count reset, death and failure history dropped."""
+    """The headers of a replayed copy: attempt count reset, death and failure history and the original's publish
+    time dropped."""
     cleaned = {key: value for key, value in (headers or {}).items() if key not in RESET_HEADERS}
     if "task" in cleaned:
         cleaned["retries"] = 0

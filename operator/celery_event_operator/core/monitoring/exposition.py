@@ -80,6 +80,12 @@ DESIRED_REPLICAS = Family(
     "gauge",
     "The worker replicas wanted: the autoscaler's or spec.workers.replicas, else the workload's own.",
 )
+ESTIMATED_WAIT = Family(
+    "celery_event_operator_estimated_wait_seconds",
+    "gauge",
+    "With a wait target: the 95th percentile of the wait of a task published now, as the autoscaler estimated it at "
+    "the replicas it decided (+Inf: they cannot keep up); compare with celery_task_queue_wait_time.",
+)
 STUCK_WORKERS = Family(
     "celery_event_operator_stuck_workers",
     "gauge",
@@ -143,6 +149,7 @@ SERVICE_FAMILIES = (
     CONSUMERS,
     REPLICAS,
     DESIRED_REPLICAS,
+    ESTIMATED_WAIT,
     STUCK_WORKERS,
     REPLACEMENT_PAUSED,
     BROKER_ALARMS,
@@ -322,6 +329,7 @@ class ServiceBlock:
         for family, value in (
             (REPLICAS, metrics.replicas),
             (DESIRED_REPLICAS, metrics.desired_replicas),
+            (ESTIMATED_WAIT, None if metrics.estimated_wait is None else number(metrics.estimated_wait)),
             (STUCK_WORKERS, metrics.stuck_workers),
             (REPLACEMENT_PAUSED, None if metrics.replacement_paused is None else int(metrics.replacement_paused)),
             (BROKER_ALARMS, metrics.broker_alarms),

@@ -70,6 +70,7 @@ REFUSED_FIELDS = (
     "runtime",
     "timestamp",
     naming.CONCURRENCY_FIELD,
+    naming.PUBLISHED_AT_FIELD,
 )
 
 CounterKey = tuple[str, str, str, str, str]  # kind, task, worker (SERVICE_WIDE by default), queue, exception
@@ -86,13 +87,15 @@ _WAIT_KINDS = frozenset({"sent", "received", "started"})
 
 
 def _waiting(
-    kind: str, stamp: float | None, event: dict[str, Any], waiting_since: float | None
+    kind: str, stamp: float | None, event: dict[str, Any], waiting_since: float | None, published: float | None = None
 ) -> tuple[float | None, float | None]:
-    """(When the task's wait for a worker began, how long it waited, once it started.) The wait starts when the
-    task was sent (`stamp`: the event's timestamp, None when it has none usable), else (its task-sent not seen here,
-    or a retry the broker held back on purpose) when a worker received it; a task with an ETA or countdown waits on
-    purpose and is not measured."""
+    """(When the task's wait for a worker began, how long it waited, once it started.) The wait starts when the task
+    was published, as the runtime's producer stamped it (`published`: carried by the task-started of its first
+    delivery), else when it was sent (`stamp`: the event's timestamp, None when it has none usable), else (its
+    task-sent not seen here, or a retry the broker held back on purpose) when a worker received it; a task with an
+    ETA or countdown waits on purpose and is not measured."""
     if kind == "started":
+        waiting_since = published if published is not None else waiting_since
         if waiting_since is not None and stamp is not None:
             return None, max(0.0, stamp - waiting_since)  # clock skew: 0
         return None, None
@@ -236,6 +239,7 @@ class ServiceMetrics:
     queue_consumers: _Exported[dict[str, int]] = _Exported()
     replicas: _Exported[int | None] = _Exported()  # the workers' pods running (None: unknown)
     desired_replicas: _Exported[int | None] = _Exported()
+    estimated_wait: _Exported[float | None] = _Exported()  # the wait target's estimate (None: no estimate)
     stuck_workers: _Exported[int | None] = _Exported()  # None: not judged
     replacement_paused: _Exported[bool | None] = _Exported()  # replacing stuck workers paused (a loop); None: unjudged
     broker_alarms: _Exported[int | None] = _Exported()  # resource alarms of the service's broker; None: not seen
@@ -283,6 +287,7 @@ class ServiceMetrics:
         self._queue_consumers: dict[str, int] = {}
         self._replicas: int | None = None  # the workers' pods running, and their desired number (None: unknown)
         self._desired_replicas: int | None = None
+        self._estimated_wait: float | None = None
         self._stuck_workers: int | None = None  # None: not judged
         self._replacement_paused: bool | None = None
         self._broker_alarms: int | None = None  # resource alarms of the service's broker; None: not seen
@@ -531,7 +536,11 @@ class ServiceMetrics:
                 self.load.sent += 1
             else:
                 self.load.started += 1
-        return _waiting(kind, stamp, event, waiting_since)
+        published = event.get(naming.PUBLISHED_AT_FIELD) if kind == "started" else None
+        if published is not None and not _is_duration(published):
+            self._refused(naming.PUBLISHED_AT_FIELD)
+            published = None
+        return _waiting(kind, stamp, event, waiting_since, published)
 
     def _observe_wait(self, key: CounterKey, waited: float) -> None:
         self._observe(self.queue_wait, key, waited)

@@ -56,6 +56,7 @@ class ScalingSeen:
     scaled: Scaled | None = None
     failed: str | None = None  # the change of replicas was refused
     autoscaling: AutoscalingStatus | None = None  # the wait target's figures, when it decided
+    estimated_wait: float | None = None  # the wait target's estimate at the replicas decided (None: none)
 
 
 @dataclasses.dataclass(frozen=True)
