@@ -85,6 +85,45 @@ def test_immutable_fields_are_refused_on_update_with_the_rules_message(
         cluster.client.delete(f"{path}/immutable")
 
 
+def test_a_service_stored_with_the_old_default_switches_to_a_wait_target_with_the_upgrade_guides_patch(
+    cluster: Cluster, crd_namespace: str
+) -> None:
+    """docs/getting-started/upgrade.md: a service an earlier release stored carries `messagesPerReplica: 20` (the
+    schema's default then); adding the target alone is refused with the rule's message, the guide's merge patch
+    (`messagesPerReplica: null` beside it) is taken; and back the same way."""
+    path = services(crd_namespace)
+    stored = variant(
+        {
+            "workers": {"scaleTargetRef": {"name": "billing-worker"}},
+            "autoscaling": {"enabled": True, "messagesPerReplica": 20},
+        }
+    )
+    stored["metadata"] = {"name": "upgraded"}
+    cluster.client.create(path, stored)
+    try:
+        with pytest.raises(ApiError) as refused:
+            cluster.client.merge_patch(f"{path}/upgraded", {"spec": {"autoscaling": {"targetWaitSeconds": 30}}})
+        assert refused.value.status == 422
+        assert "set messagesPerReplica or targetWaitSeconds, not both" in refused.value.body["message"]
+        switched = cluster.client.merge_patch(
+            f"{path}/upgraded", {"spec": {"autoscaling": {"messagesPerReplica": None, "targetWaitSeconds": 30}}}
+        )
+        autoscaling = switched["spec"]["autoscaling"]
+        assert (autoscaling.get("messagesPerReplica"), autoscaling["targetWaitSeconds"]) == (None, 30)
+        back = cluster.client.merge_patch(
+            f"{path}/upgraded", {"spec": {"autoscaling": {"targetWaitSeconds": None, "messagesPerReplica": 10}}}
+        )
+        assert (
+            back["spec"]["autoscaling"].get("targetWaitSeconds"),
+            back["spec"]["autoscaling"]["messagesPerReplica"],
+        ) == (
+            None,
+            10,
+        )
+    finally:
+        cluster.client.delete(f"{path}/upgraded")
+
+
 def test_status_and_scale_subresources_and_printer_columns(cluster: Cluster, crd_namespace: str) -> None:
     path = services(crd_namespace)
     body = variant({"workers": {"scaleTargetRef": {"name": "billing-worker"}, "replicas": 1}})
