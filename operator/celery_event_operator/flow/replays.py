@@ -45,6 +45,7 @@ WAIT_SECONDS = 5.0
 STATUS_SECONDS = 2.0
 # A service read serves every replay of it for this long: a thousand replays waiting cost one read per service.
 SERVICE_READ_SECONDS = 4.0
+logger = logging.getLogger(__name__)
 
 
 class ServiceReads:
@@ -303,7 +304,20 @@ class ReplayKeeper:
         """The conclusion from what was observed, with the generation and the status as they are now."""
         written = {**(self.body.get("status") or {}), **self._written}
         now = dataclasses.replace(observed, generation=specs.generation_of(self.body), written=written)
-        return conclusion.conclude(now, time.time())
+        step = conclusion.conclude(now, time.time())
+        if step.action != "look" or observed.archive is not None:
+            seen = observed.archive
+            logger.debug(
+                "replay %s/%s: %s (done %d) after %s",
+                self.namespace,
+                self.name,
+                step.action,
+                step.done,
+                "no look at the archive"
+                if seen is None
+                else f"archive {seen.archived}, selected {seen.selected}, held elsewhere {seen.held_elsewhere}",
+            )
+        return step
 
     async def _perform(self, step: conclusion.Step) -> bool:
         """A wait, a stop or an end; True when the replay ended (or was stopped)."""

@@ -174,8 +174,11 @@ def operator_process(
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:  # what each operator did, without the libraries' debug lines
         for process in started:
+            # The operator's own debug lines stay (what each replay observed and did); the libraries' go.
             said = [
-                line for line in process.log().splitlines() if "[DEBUG" not in line and "aiohttp.access" not in line
+                line
+                for line in process.log().splitlines()
+                if ("[DEBUG" not in line or "] celery_event_operato" in line) and "aiohttp.access" not in line
             ]
             print(f"--- {process.log_path.name} ---\n" + "\n".join(said[-300:]))
 

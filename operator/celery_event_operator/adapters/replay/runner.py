@@ -9,6 +9,7 @@ and stops between two events when asked.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from celery_event_operator.core.replay.conclusion import ArchiveSeen
 from celery_event_operator.core.replay.slots import Key, archive_key
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 # The messages a replay holds unacknowledged go back to the archive once the broker drops its connection: at once
 # when the operator's process dies, within two heartbeats when its node does.
 HEARTBEAT_SECONDS = 30.0
@@ -68,6 +70,10 @@ class LetGo:
 
 
 LET_GO = LetGo()
+
+
+class _StatisticsBehindError(Exception):
+    """The management API's statistics of an archive never agreed with the broker's own count while asked."""
 
 
 def _larger_than_a_walk(archived: int) -> UnsupportedOperationError:
@@ -117,10 +123,21 @@ class ReplayRunner:
         if not count:
             return await self._size(service)
         for attempt in range(COUNT_ATTEMPTS):
-            held, _ = await self._held_elsewhere(service, refreshed_only=attempt > 0)
+            try:
+                held, _ = await self._held_elsewhere(service, refreshed_only=attempt > 0)
+            except _StatisticsBehindError:
+                return ArchiveSeen(0, None, None, statistics_behind=True)
             if held:
                 return ArchiveSeen(0, 0, held)
             surveyed = await self.survey(service, selection, keep, self._originals)
+            logger.debug(
+                "archive of %s counted (of its first %s): given %d of %d, %d selected",
+                service,
+                "all" if self._originals is None else self._originals,
+                surveyed.seen,
+                surveyed.archived,
+                surveyed.matched,
+            )
             if not surveyed.whole:
                 raise _larger_than_a_walk(surveyed.archived)
             if surveyed.seen == surveyed.archived:
@@ -133,7 +150,10 @@ class ReplayRunner:
         """The archive's size, all of it the replay's, and when it was read (the replay's start): taken once nobody
         holds any of it, and only when nothing left it since the statistics said so (a client that took messages in
         between, as `archive list` does, would have them taken for none: they count as held)."""
-        held, ready = await self._held_elsewhere(service)
+        try:
+            held, ready = await self._held_elsewhere(service)
+        except _StatisticsBehindError:
+            return ArchiveSeen(0, None, None, statistics_behind=True)
         if held:
             return ArchiveSeen(0, None, held)
         at = time.time()
@@ -165,24 +185,35 @@ class ReplayRunner:
         """The archive's messages delivered to other clients and not acknowledged, and its ready ones then; (None,
         None) without a management API. Its figures lag: they are taken once the API's ready count is the broker's
         own (passive declare), and, with `refreshed_only`, once they were surely refreshed since this process let go
-        of the archive."""
+        of the archive. An archive that events keep arriving in is never counted alike twice: after
+        STATISTICS_ATTEMPTS its last figures are taken when the archive only grew since them, and
+        _StatisticsBehindError is raised when it shrank (some were taken since: held elsewhere, for all they show)."""
         queue = naming.archive_name(service)
         listing = QueueListing(self._settings.address, self._settings.management_url, self._tls)
         try:
-            counts, ready = None, None
             for _ in range(STATISTICS_ATTEMPTS):
                 ready = await self._run(lambda connection: operations.archive_size(connection, service))
                 counts = await listing.queue(queue)
                 refreshed = LET_GO.refreshed_since(self._key(service))
                 if counts.ready == ready and (refreshed or (counts.unacknowledged == 0 and not refreshed_only)):
-                    break
+                    return counts.unacknowledged, ready
+                logger.debug(
+                    "archive of %s: the statistics show %d ready and %d held elsewhere, the broker %d ready "
+                    "(refreshed since let go: %s)",
+                    service,
+                    counts.ready,
+                    counts.unacknowledged,
+                    ready,
+                    refreshed,
+                )
                 await asyncio.sleep(1.0)
         except ManagementUnavailableError:
             return None, None
-        else:
-            return (None, None) if counts is None else (counts.unacknowledged, ready)
         finally:
             await listing.close()
+        if counts.ready > ready:
+            raise _StatisticsBehindError
+        return counts.unacknowledged, ready
 
     def _key(self, service: str) -> Key:
         return archive_key(self._settings.address, service)
@@ -220,12 +251,23 @@ class ReplayRunner:
                 bound=self._originals,
             )
 
+        logger.debug("archive of %s: a move begins (of its first %s)", service, self._originals)
         try:
             return await self._run(work)
         finally:
             LET_GO.now(self._key(service))
             if self._originals is not None:
                 self._originals -= self.tally.done
+            tally = self.tally
+            logger.debug(
+                "archive of %s: the move returned, %d done, %d unroutable; walked %d (%d selected), whole: %s",
+                service,
+                tally.done,
+                tally.unroutable,
+                tally.archived,
+                tally.selected,
+                tally.whole,
+            )
 
     def halt(self) -> None:
         self.stop.set()
