@@ -20,7 +20,7 @@ from kombu.connection import Connection
 
 from celery_event_operator.adapters.archive import operations
 from celery_event_operator.adapters.broker.control import ControlConnection
-from celery_event_operator.adapters.broker.management import QueueListing
+from celery_event_operator.adapters.broker.management import QueueCounts, QueueListing
 from celery_event_operator.adapters.broker.tls import TlsFiles
 from celery_event_operator.core import naming
 from celery_event_operator.core.archive.messages import Selection
@@ -185,15 +185,18 @@ class ReplayRunner:
         """The archive's messages delivered to other clients and not acknowledged, and its ready ones then; (None,
         None) without a management API. Its figures lag: they are taken once the API's ready count is the broker's
         own (passive declare), and, with `refreshed_only`, once they were surely refreshed since this process let go
-        of the archive. An archive that events keep arriving in is never counted alike twice: after
-        STATISTICS_ATTEMPTS its last figures are taken when the archive only grew since them, and
-        _StatisticsBehindError is raised when it shrank (some were taken since: held elsewhere, for all they show)."""
+        of the archive. An archive that changes all the time (events arriving, expiring) never shows the same ready
+        count twice: after STATISTICS_ATTEMPTS the last figures are taken if they changed while asked (refreshed
+        since the first were read: whatever was held before shows in them); figures that never changed may be from
+        before a client took messages, showing none held: _StatisticsBehindError."""
         queue = naming.archive_name(service)
         listing = QueueListing(self._settings.address, self._settings.management_url, self._tls)
+        first: QueueCounts | None = None
         try:
             for _ in range(STATISTICS_ATTEMPTS):
                 ready = await self._run(lambda connection: operations.archive_size(connection, service))
                 counts = await listing.queue(queue)
+                first = first or counts
                 refreshed = LET_GO.refreshed_since(self._key(service))
                 if counts.ready == ready and (refreshed or (counts.unacknowledged == 0 and not refreshed_only)):
                     return counts.unacknowledged, ready
@@ -211,7 +214,8 @@ class ReplayRunner:
             return None, None
         finally:
             await listing.close()
-        if counts.ready > ready:
+        assert first is not None  # read in the first attempt
+        if (counts.ready, counts.unacknowledged) == (first.ready, first.unacknowledged):
             raise _StatisticsBehindError
         return counts.unacknowledged, ready
 

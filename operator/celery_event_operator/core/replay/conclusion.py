@@ -38,6 +38,11 @@ from celery_event_operator.core.service.conclusion import EventNote
 
 ARCHIVE_IN_USE = "ArchiveInUse"
 STATISTICS_BEHIND = "StatisticsBehind"
+STATISTICS_BEHIND_MESSAGE = (
+    "the management API's statistics of the archive of {service} did not agree with the broker's own count, nor were "
+    "they refreshed, while asked (a loaded broker refreshes them late): whether another client holds archived events "
+    "is not known, so the replay waits and looks again"
+)
 ARCHIVE_NOT_FOUND = "ArchiveNotFound"
 SERVICE_DELETED = "ServiceDeleted"
 SPEC_CHANGED = "SpecChanged"
@@ -287,8 +292,12 @@ def _from_the_archive(
     now: float,
 ) -> Step:
     began, previous, last_pass = observed.began, observed.previous, observed.last_pass
-    if seen.statistics_behind:
-        return _waiting(previous, statistics_behind(previous, replay, service_name, began, now=now))
+    if seen.statistics_behind:  # no Event: a loaded broker's moment
+        message = STATISTICS_BEHIND_MESSAGE.format(service=service_name)
+        message += "; what was done stays done" if began is not None else ""
+        return _waiting(
+            previous, replay_status.waiting(previous, replay, STATISTICS_BEHIND, message, began=began, now=now)
+        )
     if seen.held_elsewhere:
         decision = archive_in_use(previous, replay, service_name, began, seen.held_elsewhere, now=now)
         return _waiting(previous, decision)
@@ -399,25 +408,6 @@ def archive_in_use(
     if replay_status.succeeded({"conditions": list(previous)}).get("reason") == ARCHIVE_IN_USE:
         return waiting
     return replay_status.Decision(waiting.status_patch, (EventNote("Normal", ARCHIVE_IN_USE, message),))
-
-
-def statistics_behind(
-    previous: Sequence[Mapping[str, Any]],
-    replay: replay_spec.Replay,
-    service_name: str,
-    began: replay_status.Started | None,
-    *,
-    now: float,
-) -> replay_status.Decision:
-    """Waiting for the broker's statistics to show the archive as it is (no Event: a loaded broker's moment)."""
-    message = (
-        f"the management API's statistics of the archive of {service_name} did not agree with the broker's own count "
-        "(a loaded broker refreshes them late): whether another client holds archived events is not known, so the "
-        "replay waits and looks again"
-    )
-    if began is not None:
-        message += "; what was done stays done"
-    return replay_status.waiting(previous, replay, STATISTICS_BEHIND, message, began=began, now=now)
 
 
 def service_deleted(
